@@ -1,0 +1,32 @@
+"""Build a decoder from an HF-layout directory (config.json + safetensors)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .arch import ArchConfig
+from .llama import LlamaForCausalLM
+from .weights import load_safetensors_weights
+
+
+def load_decoder(directory: Path, dtype: torch.dtype, device: torch.device | str = "cpu") -> LlamaForCausalLM:
+    cfg = ArchConfig.from_directory(directory)
+    # Build on the meta device, then materialise empty storage: no wasted random init of large weights.
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    # Non-persistent rope buffers were on meta too: rebuild them for real.
+    from .rope import RotaryEmbedding
+
+    rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling).to(
+        device
+    )
+    for layer in model.layers:
+        layer.self_attn.rope = rope
+    load_safetensors_weights(model, directory)
+    # RMSNorm weights stay in the model dtype; the norm itself computes in float32.
+    return model.eval()

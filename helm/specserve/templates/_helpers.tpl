@@ -1,0 +1,110 @@
+{{/* Chart name, truncated to the 63 characters a DNS label allows. */}}
+{{- define "specserve.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name: release-chart, or the release name when it already holds the chart name. */}}
+{{- define "specserve.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "specserve.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "specserve.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "specserve.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "specserve.labels" -}}
+helm.sh/chart: {{ include "specserve.chart" . }}
+{{ include "specserve.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: server
+app.kubernetes.io/part-of: specserve
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "specserve.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "specserve.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Image reference; the default tag is appVersion, with "-gpu" for the CUDA image. */}}
+{{- define "specserve.image" -}}
+{{- $tag := .Values.image.tag | default (printf "%s%s" .Chart.AppVersion (ternary "-gpu" "" (eq .Values.devices "gpu"))) }}
+{{- printf "%s:%s" .Values.image.repository (toString $tag) }}
+{{- end }}
+
+{{/* Resources: .Values.resources when set, else the preset for .Values.devices. */}}
+{{- define "specserve.resources" -}}
+{{- if .Values.resources }}
+{{- toYaml .Values.resources }}
+{{- else }}
+{{- toYaml (index .Values.resourcePresets .Values.devices) }}
+{{- end }}
+{{- end }}
+
+{{- define "specserve.cacheClaimName" -}}
+{{- .Values.cache.persistence.existingClaim | default (printf "%s-cache" (include "specserve.fullname" .)) }}
+{{- end }}
+
+{{/* `specserve serve` flags from values, one "--flag=value" item each (a YAML list). */}}
+{{- define "specserve.args" -}}
+{{- $m := .Values.model }}
+{{- $d := .Values.draftModel }}
+- "--host=0.0.0.0"
+- {{ printf "--port=%v" (.Values.containerPort) | quote }}
+- {{ printf "--devices=%v" (.Values.devices) | quote }}
+{{- with $m.path }}
+- {{ printf "--model-path=%v" (.) | quote }}
+{{- end }}
+{{- with $m.weightPath }}
+- {{ printf "--weight-path=%v" (.) | quote }}
+{{- end }}
+{{- with $m.quantizationEncoding }}
+- {{ printf "--quantization-encoding=%v" (.) | quote }}
+{{- end }}
+{{- with $m.servedModelName }}
+- {{ printf "--served-model-name=%v" (.) | quote }}
+{{- end }}
+{{- if not (kindIs "invalid" $m.maxLength) }}
+- {{ printf "--max-length=%v" (int64 $m.maxLength) | quote }}
+{{- end }}
+{{- if not (kindIs "invalid" $m.maxBatchSize) }}
+- {{ printf "--max-batch-size=%v" (int64 $m.maxBatchSize) | quote }}
+{{- end }}
+{{- with $d.path }}
+- {{ printf "--draft-model-path=%v" (.) | quote }}
+{{- end }}
+{{- with $d.quantizationEncoding }}
+- {{ printf "--draft-quantization-encoding=%v" (.) | quote }}
+{{- end }}
+- {{ printf "--speculative-method=%v" (.Values.speculative.method) | quote }}
+- {{ printf "--max-num-steps=%v" (int64 .Values.speculative.maxNumSteps) | quote }}
+- {{ printf "--device-memory-utilization=%v" (.Values.engine.deviceMemoryUtilization) | quote }}
+{{- if .Values.engine.enableChunkedPrefill }}
+- "--enable-chunked-prefill"
+{{- else }}
+- "--no-enable-chunked-prefill"
+{{- end }}
+{{- if .Values.engine.enablePrefixCaching }}
+- "--enable-prefix-caching"
+{{- end }}
+{{- range .Values.extraArgs }}
+- {{ toString . | quote }}
+{{- end }}
+{{- end }}

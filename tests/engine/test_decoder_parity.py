@@ -1,0 +1,53 @@
+"""Our decoder's logits match transformers' implementation of the same weights (float32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import build_tiny_model
+
+from specserve.engine.attention import AttentionMetadata
+from specserve.engine.models.factory import load_decoder
+
+BLOCK = 4
+
+
+def _run(model, seqs: list[tuple[list[int], int]], kv, tables):
+    """seqs: (token ids of the whole sequence so far, number of new tokens at the end)."""
+    ids, pos, q_lens, c_lens = [], [], [], []
+    for tokens, n_new in seqs:
+        ids += tokens[-n_new:]
+        pos += list(range(len(tokens) - n_new, len(tokens)))
+        q_lens.append(n_new)
+        c_lens.append(len(tokens))
+    meta = AttentionMetadata.build(q_lens, c_lens, tables, BLOCK)
+    hidden = model(torch.tensor(ids), torch.tensor(pos), kv, meta)
+    return model.compute_logits(hidden)  # [T, vocab]
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama3", "mistral", "qwen2", "qwen3"])
+def test_logits_match_transformers(tmp_path, arch):
+    ref = build_tiny_model(tmp_path, arch, seed=3, with_tokenizer=False, tie_word_embeddings=arch == "qwen2")
+    model = load_decoder(tmp_path, torch.float32)
+    kv = model.allocate_kv_cache(64 * BLOCK, torch.float32, "cpu")
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(0, 320, (13,), generator=g).tolist()
+    b = torch.randint(0, 320, (7,), generator=g).tolist()
+    with torch.no_grad():
+        ref_a = ref(torch.tensor([a])).logits[0]  # [13, vocab]
+        ref_b = ref(torch.tensor([b])).logits[0]
+        tables = [list(range(0, 8)), list(range(20, 28))]
+        # Prefill of a (first 10 tokens) together with prefill of b (all 7): one ragged forward.
+        out = _run(model, [(a[:10], 10), (b, 7)], kv, tables)
+        assert (out[:10] - ref_a[:10]).abs().max() < 1e-4
+        assert (out[10:] - ref_b).abs().max() < 1e-4
+        # Then a 3-token window on a (a verification-shaped step) mixed with one decode-shaped row of b.
+        out = _run(model, [(a, 3)], kv, tables[:1])
+        assert (out - ref_a[10:]).abs().max() < 1e-4
+        b2 = b + [a[0]]
+        ref_b2 = ref(torch.tensor([b2])).logits[0, -1]
+        a2 = a + [b[0]]
+        ref_a2 = ref(torch.tensor([a2])).logits[0, -1]
+        out = _run(model, [(b2, 1), (a2, 1)], kv, [tables[1], tables[0]])
+        assert (out[0] - ref_b2).abs().max() < 1e-4
+        assert (out[1] - ref_a2).abs().max() < 1e-4

@@ -1,0 +1,100 @@
+"""Tiny random-weight models and a tiny trained BPE tokenizer, built in-process for tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog. ",
+    "Speculative decoding drafts several tokens and verifies them at once. ",
+    "def add(a, b):\n    return a + b\n",
+    "Bonjour, comment ça va? Très bien, merci! ",
+    "1 2 3 4 5 6 7 8 9 10 11 12 ",
+    "日本語のテキストも少し。 ",
+]
+
+
+def build_tokenizer(directory: Path, vocab_size: int = 320) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(directory)
+    return fast
+
+
+def tiny_config(arch: str = "llama", vocab_size: int = 320, **overrides):
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        eos_token_id=2,
+        bos_token_id=None,
+    )
+    common.update(overrides)
+    if arch == "llama":
+        return LlamaConfig(**common)
+    if arch == "llama3":
+        return LlamaConfig(
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            **common,
+        )
+    if arch == "mistral":
+        from transformers import MistralConfig
+
+        return MistralConfig(**common)
+    if arch == "qwen2":
+        return Qwen2Config(**common)
+    if arch == "qwen3":
+        return Qwen3Config(head_dim=16, **common)
+    raise ValueError(arch)
+
+
+def build_tiny_model(
+    directory: Path, arch: str = "llama", seed: int = 0, with_tokenizer: bool = True, **overrides
+):
+    """Write a random-weight HF model (+ tokenizer) to `directory`; return the transformers model."""
+    torch.manual_seed(seed)
+    cfg = tiny_config(arch, **overrides)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    # Random init is small; scale weights up so greedy choices are not all near-ties.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.08)
+    model.eval()
+    model.save_pretrained(directory)
+    if with_tokenizer:
+        build_tokenizer(directory, vocab_size=cfg.vocab_size)
+    return model

@@ -29,4 +29,4 @@ def load_decoder(directory: Path, dtype: torch.dtype, device: torch.device | str
         layer.self_attn.rope = rope
     load_safetensors_weights(model, directory)
     # RMSNorm weights stay in the model dtype; the norm itself computes in float32.
-    return model.eval()
+    return model.eval().requires_grad_(False)

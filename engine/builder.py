@@ -1,0 +1,130 @@
+"""Start-up: resolve and load the target, build the proposer, size and allocate the KV cache."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import EngineConfig, ModelSpec
+from .memory import (
+    current_rss_bytes,
+    module_bytes,
+    peak_rss_bytes,
+    plan_num_blocks,
+    total_device_memory,
+)
+from .models import ArchConfig, KVCache, LlamaForCausalLM
+from .models.factory import load_decoder
+from .models.loader import resolve_model
+from .proposer import Proposer, ProposerContext
+from .runner import SequenceInput, forward_sequences
+from .tokenizer import Tokenizer
+
+logger = logging.getLogger("specserve.engine")
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaForCausalLM
+    arch: ArchConfig
+    directory: Path
+    notice: str | None
+
+
+def load_model(spec: ModelSpec, cache_dir: str | None) -> LoadedModel:
+    resolved = resolve_model(
+        spec.model_path,
+        spec.weight_path,
+        dtype=spec.dtype,
+        cache_dir=Path(cache_dir) if cache_dir else None,
+    )
+    if resolved.notice:
+        logger.warning(resolved.notice)
+    model = load_decoder(resolved.directory, spec.dtype, spec.device)
+    if spec.quantization_encoding in ("int8", "int4"):
+        from .quantization import quantize_model
+
+        quantize_model(model, spec.quantization_encoding)
+    return LoadedModel(model, model.config, resolved.directory, resolved.notice)
+
+
+@dataclass
+class KVPlan:
+    num_blocks: int
+    bytes_per_block: int
+    activation_bytes: int
+
+
+def plan_kv_cache(
+    config: EngineConfig,
+    target: LlamaForCausalLM,
+    proposer: Proposer | None,
+    max_length: int,
+    max_num_batched_tokens: int,
+) -> KVPlan:
+    spec = config.model
+    dtype_bytes = torch.finfo(spec.dtype).bits // 8
+    proposer_bytes = int(getattr(proposer, "kv_bytes_per_token", lambda: 0)()) if proposer else 0
+    bytes_per_block = config.block_size * (target.config.kv_bytes_per_token(dtype_bytes) + proposer_bytes)
+    blocks_per_seq = -(-max_length // config.block_size) + 1  # +1: lookahead slots past the end
+    # More blocks than every slot of a full batch can use only serve the prefix cache.
+    useful_blocks = config.max_batch_size * blocks_per_seq * (2 if config.enable_prefix_caching else 1)
+    if config.max_kv_cache_tokens is not None:
+        num_blocks = -(-config.max_kv_cache_tokens // config.block_size)
+        if num_blocks < blocks_per_seq:
+            raise ValueError(
+                f"--max-kv-cache-tokens {config.max_kv_cache_tokens} cannot hold one sequence of"
+                f" --max-length {max_length} (needs {blocks_per_seq * config.block_size} tokens)"
+            )
+        return KVPlan(num_blocks, bytes_per_block, 0)
+    activation = _profile_activation_bytes(target, max_num_batched_tokens, config.block_size, spec.device)
+    weights = module_bytes(target) + (module_bytes(proposer.model) if hasattr(proposer, "model") else 0)
+    num_blocks = plan_num_blocks(
+        total_device_memory(spec.device),
+        config.device_memory_utilization,
+        weights,
+        activation,
+        bytes_per_block,
+        blocks_per_seq,
+    )
+    return KVPlan(min(num_blocks, useful_blocks), bytes_per_block, activation)
+
+
+def _profile_activation_bytes(
+    model: LlamaForCausalLM, num_tokens: int, block_size: int, device: torch.device
+) -> int:
+    """Run one forward at the full token budget and measure how much memory it took at its peak."""
+    num_blocks = -(-num_tokens // block_size)
+    cache: KVCache = model.allocate_kv_cache(num_blocks * block_size, next(model.parameters()).dtype, device)
+    seq = SequenceInput([0] * num_tokens, 0, list(range(num_blocks)), 1)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        forward_sequences(model, cache, [seq], block_size, device)
+        return torch.cuda.max_memory_allocated(device) - before
+    before = current_rss_bytes()
+    forward_sequences(model, cache, [seq], block_size, device)
+    # ru_maxrss is a lifetime peak: an underestimate only if an earlier phase peaked higher.
+    return max(0, peak_rss_bytes() - before)
+
+
+def build_proposer(config: EngineConfig, target: LlamaForCausalLM, tokenizer: Tokenizer) -> Proposer | None:
+    method = config.resolved_method()
+    if method == "none" or config.num_speculative_tokens == 0:
+        return None
+    from specserve.plugins.registry import load_proposer
+
+    ctx = ProposerContext(
+        config=config,
+        target=target,
+        vocab_size=target.config.vocab_size,
+        device=config.model.device,
+        dtype=config.model.dtype,
+        block_size=config.block_size,
+        cache_dir=Path(config.cache_dir) if config.cache_dir else None,
+        extra={"tokenizer": tokenizer},
+    )
+    return load_proposer(method, ctx)

@@ -1,0 +1,85 @@
+"""Frozen engine configuration (the CLI/env settings are converted into this at the boundary)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+QUANTIZED_ENCODINGS = ("int8", "int4")
+ENCODINGS = (*DTYPES, *QUANTIZED_ENCODINGS)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where one model comes from and how it runs (the target or the draft)."""
+
+    model_path: str | None = None  # hub id, HF directory or .gguf; None = embedded default
+    weight_path: str | None = None  # explicit weights file (GGUF) overriding model_path's
+    quantization_encoding: str = "bfloat16"
+    devices: str = "cpu"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        # int8/int4 keep bfloat16 activations (weight-only quantization).
+        return DTYPES.get(self.quantization_encoding, torch.bfloat16)
+
+    @property
+    def device(self) -> torch.device:
+        if self.devices in ("gpu", "cuda"):
+            return torch.device("cuda")
+        if self.devices.startswith(("gpu:", "cuda:")):
+            return torch.device(f"cuda:{self.devices.split(':', 1)[1]}")
+        return torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelSpec = ModelSpec()
+    draft: ModelSpec | None = None
+    speculative_method: str = "auto"  # auto|none|ngram|draft_model|medusa|<plugin>|pkg.mod:Class
+    num_speculative_tokens: int = 5
+    ngram_min: int = 1
+    ngram_max: int = 4
+    medusa_heads_path: str | None = None
+    block_size: int = 16
+    device_memory_utilization: float = 0.9
+    max_kv_cache_tokens: int | None = None
+    enable_prefix_caching: bool = False
+    max_batch_size: int = 32
+    max_num_batched_tokens: int | None = None  # None: 2048 with chunked prefill, max_length without
+    enable_chunked_prefill: bool = True
+    max_length: int | None = None  # None: the model's max_position_embeddings
+    seed: int = 0
+    cache_dir: str | None = None
+
+    def resolved_method(self) -> str:
+        if self.speculative_method == "auto":
+            if self.draft is not None and self.draft.model_path is not None:
+                return "draft_model"
+            if self.medusa_heads_path:
+                return "medusa"
+            return "ngram"
+        return self.speculative_method
+
+    def validate(self) -> None:
+        if not 0 < self.device_memory_utilization <= 1:
+            raise ValueError("--device-memory-utilization must be in (0, 1]")
+        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
+            raise ValueError("--kv-cache-page-size must be a power of two up to 128")
+        if not 0 <= self.num_speculative_tokens <= 32:
+            raise ValueError("--max-num-steps must be in [0, 32]")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError("--ngram-min must be >= 1 and <= --ngram-max")
+        if self.max_batch_size < 1:
+            raise ValueError("--max-batch-size must be >= 1")
+        for spec in (self.model, self.draft):
+            if spec is not None and spec.quantization_encoding not in ENCODINGS:
+                raise ValueError(
+                    f"unknown quantization encoding {spec.quantization_encoding!r}; choose from {', '.join(ENCODINGS)}"
+                )

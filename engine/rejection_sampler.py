@@ -1,0 +1,91 @@
+"""Speculative verification: keep exactly the tokens the target would have produced.
+
+Terms (as vLLM): for a request with drafts d_1..d_k and target distributions p_0..p_k (p_i is the
+target's distribution for the token after d_i, p_0 after the last committed token):
+  * accepted  - d_i is kept with probability min(1, p_{i-1}(d_i) / q_i(d_i)); stop at the first rejection
+  * recovered - on rejection at i, one token is drawn from norm(max(0, p_{i-1} - q_i))
+  * bonus     - if all k drafts are accepted, one extra token is drawn from p_k
+So every step emits accepted + 1 tokens, and the emitted sequence is distributed exactly as if it had
+been sampled from the target token by token (Leviathan et al. 2023, Chen et al. 2023).
+Greedy rows have one-hot p, which reduces this to "accept while d_i == argmax p_{i-1}".
+n-gram drafts have no q: they are treated as one-hot q (accept with probability p(d_i)).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def draft_token_acceptance_probs(
+    target_probs: torch.Tensor,  # [D, V] target distribution at each draft position (p_{i-1})
+    draft_token_ids: torch.Tensor,  # [D]
+    draft_probs: torch.Tensor | None,  # [D, V] or None for one-hot drafts
+) -> torch.Tensor:  # [D] min(1, p(d) / q(d))
+    rows = torch.arange(draft_token_ids.numel())
+    p = target_probs[rows, draft_token_ids]
+    if draft_probs is None:
+        return p.clamp(max=1.0)
+    q = draft_probs[rows, draft_token_ids]
+    # q(d) > 0 whenever d was drawn from q; guard against a proposer that reports 0 anyway.
+    return torch.where(q > 0, (p / q.clamp(min=1e-30)).clamp(max=1.0), (p > 0).float())
+
+
+def recovered_distribution(
+    target_probs: torch.Tensor,  # [V]
+    draft_probs: torch.Tensor | None,  # [V] or None (one-hot at draft_token)
+    draft_token: int,
+) -> torch.Tensor:  # [V] norm(max(0, p - q)), falling back to p when that is all zero
+    if draft_probs is None:
+        residual = target_probs.clone()
+        residual[draft_token] = 0.0
+    else:
+        residual = (target_probs - draft_probs).clamp(min=0.0)
+    total = residual.sum()
+    return residual / total if total > 0 else target_probs
+
+
+def rejection_sample(
+    target_probs: torch.Tensor,  # [sum(k_r + 1), V] per request: p_0..p_k flattened
+    draft_token_ids: torch.Tensor,  # [sum(k_r)]
+    draft_probs: torch.Tensor | None,  # [sum(k_r), V] or None
+    num_draft_tokens: list[int],  # k_r per request
+    is_greedy: list[bool],
+    generators: list[torch.Generator | None],
+) -> list[list[int]]:
+    """Emitted tokens per request: accepted drafts followed by one recovered or bonus token."""
+    target_rows = torch.tensor([0] + num_draft_tokens).add(1).cumsum(0) - 1  # start row of each request
+    draft_starts = [0]
+    for k in num_draft_tokens:
+        draft_starts.append(draft_starts[-1] + k)
+    # Rows of target_probs that score each draft: p_{i-1} for d_i.
+    draft_rows = torch.cat(
+        [torch.arange(int(target_rows[r]), int(target_rows[r]) + k) for r, k in enumerate(num_draft_tokens)]
+        or [torch.zeros(0, dtype=torch.long)]
+    )
+    accept_probs = draft_token_acceptance_probs(target_probs[draft_rows], draft_token_ids, draft_probs)  # [D]
+    emitted: list[list[int]] = []
+    for r, k in enumerate(num_draft_tokens):
+        start, d0 = int(target_rows[r]), draft_starts[r]
+        drafts = draft_token_ids[d0 : d0 + k].tolist()
+        if is_greedy[r]:
+            targets = target_probs[start : start + k + 1].argmax(dim=-1).tolist()
+            out: list[int] = []
+            for i, d in enumerate(drafts):
+                if d != targets[i]:
+                    break
+                out.append(d)
+            out.append(targets[len(out)])  # recovered (the target's own choice) or bonus
+            emitted.append(out)
+            continue
+        uniforms = torch.rand(k, generator=generators[r]) if k else torch.zeros(0)
+        accepted = (uniforms < accept_probs[d0 : d0 + k]).tolist()
+        num_accepted = next((i for i, ok in enumerate(accepted) if not ok), k)
+        out = drafts[:num_accepted]
+        if num_accepted < k:
+            q = draft_probs[d0 + num_accepted] if draft_probs is not None else None
+            dist = recovered_distribution(target_probs[start + num_accepted], q, drafts[num_accepted])
+        else:
+            dist = target_probs[start + k]  # bonus
+        out.append(int(torch.multinomial(dist, 1, generator=generators[r]).item()))
+        emitted.append(out)
+    return emitted

@@ -1,0 +1,50 @@
+"""Run one model over a flat ragged batch with the paged KV cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .attention import AttentionMetadata
+from .models import KVCache, LlamaForCausalLM
+
+
+@dataclass
+class SequenceInput:
+    token_ids: list[int]  # the new tokens fed this step
+    start_position: int  # absolute position of token_ids[0]; tokens before it are already cached
+    block_ids: list[int]
+    num_outputs: int  # hidden states wanted for the last `num_outputs` fed tokens
+
+
+def forward_sequences(
+    model: LlamaForCausalLM,
+    kv_cache: KVCache,
+    seqs: list[SequenceInput],
+    block_size: int,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:  # [sum(num_outputs), hidden]
+    ids: list[int] = []
+    positions: list[int] = []
+    output_rows: list[int] = []
+    for seq in seqs:
+        start = len(ids)
+        ids += seq.token_ids
+        positions += range(seq.start_position, seq.start_position + len(seq.token_ids))
+        output_rows += range(start + len(seq.token_ids) - seq.num_outputs, start + len(seq.token_ids))
+    meta = AttentionMetadata.build(
+        [len(s.token_ids) for s in seqs],
+        [s.start_position + len(s.token_ids) for s in seqs],
+        [s.block_ids for s in seqs],
+        block_size,
+        device,
+    )
+    with torch.inference_mode():
+        return model(
+            torch.tensor(ids, device=device),
+            torch.tensor(positions, device=device),
+            kv_cache,
+            meta,
+            torch.tensor(output_rows, dtype=torch.long, device=device),
+        )

@@ -1,0 +1,140 @@
+"""FCFS continuous batching under a token budget and the KV block budget (pure Python, no torch).
+
+Each step: running requests first (decode, or the next chunk of their prefill), each with lookahead
+slots for up to k draft tokens; then waiting requests in arrival order while the batch, the token
+budget and the free blocks allow. When a running request cannot get blocks, its lookahead is dropped
+first, then the newest running request is preempted (blocks freed, requeued at the front of the
+waiting queue, recomputed later) — outputs are unchanged by that, only time is lost.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .kv_cache_manager import KVCacheManager
+from .request import FinishReason, Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_size: int = 32
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    max_length: int = 2048
+    num_speculative_tokens: int = 0  # 0 = no speculation
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int  # tokens of the request's own sequence fed this step
+    num_lookahead_tokens: int  # draft slots reserved: the proposer may fill up to this many
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # --- queue management -------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, request: Request, reason: FinishReason) -> None:
+        """Mark finished and release everything the request holds (running or waiting)."""
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.kv.free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+
+    # --- the step ---------------------------------------------------------------------------------
+    def lookahead_for(self, request: Request) -> int:
+        """Draft tokens this request may get this step (0 outside decode)."""
+        if not request.in_decode or not request.params.speculative_enabled:
+            return 0
+        k = request.params.num_speculative_tokens
+        k = self.config.num_speculative_tokens if k is None else min(k, self.config.num_speculative_tokens)
+        # The window emits up to k + 1 tokens: never propose past max_tokens or the max length.
+        return max(0, min(k, request.max_new_tokens_left(self.config.max_length) - 1))
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        scheduled_ids: set[str] = set()
+
+        for request in list(self.running):
+            if request.status != RequestStatus.RUNNING or budget <= 0:
+                continue  # preempted earlier in this loop, or no budget left
+            num_new = request.num_tokens - request.num_computed_tokens
+            if self.config.enable_chunked_prefill:
+                num_new = min(num_new, budget)
+            elif num_new > budget:
+                continue
+            lookahead = min(self.lookahead_for(request), budget - num_new) if num_new == 1 else 0
+            while not self.kv.allocate_slots(request, num_new, lookahead):
+                if lookahead and self.kv.allocate_slots(request, num_new, 0):
+                    lookahead = 0
+                    break
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is request:
+                    break
+            if request.status != RequestStatus.RUNNING:
+                continue
+            out.scheduled.append(ScheduledRequest(request, num_new, lookahead))
+            scheduled_ids.add(request.request_id)
+            budget -= num_new + lookahead
+
+        while self.waiting and len(self.running) < self.config.max_batch_size and budget > 0:
+            if out.preempted:
+                break  # blocks are short this step; do not admit new work on top of a preemption
+            request = self.waiting[0]
+            if not request.block_ids:
+                request.num_computed_tokens = self.kv.reuse_cached_prefix(request)
+                request.num_cached_prompt_tokens = request.num_computed_tokens
+            num_new = request.num_tokens - request.num_computed_tokens
+            if not self.config.enable_chunked_prefill and num_new > budget:
+                break
+            num_new = min(num_new, budget)
+            if not self.kv.allocate_slots(request, num_new, 0):
+                self.kv.free(request)  # give back prefix blocks: holding them while waiting could deadlock
+                request.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.scheduled.append(ScheduledRequest(request, num_new, 0))
+            budget -= num_new
+        return out
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        self.running.remove(request)
+        self.kv.free(request)
+        request.status = RequestStatus.WAITING
+        request.num_computed_tokens = 0
+        request.num_draft_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+        out.preempted.append(request)

@@ -1,0 +1,105 @@
+"""Draft-model proposer: a smaller model of the same vocabulary guesses k tokens autoregressively.
+
+Its KV lives in the same blocks as the target's (same block table, its own tensors). Each request
+remembers how many of its tokens are in the draft cache (`num_draft_computed_tokens`); a proposal
+first feeds whatever is missing (the prompt the first time, then the last accepted tokens), then one
+token per further draft step. After verification the engine clamps that count to the accepted length,
+which is the whole rollback: stale slots beyond it are simply overwritten next time.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specserve.engine.builder import load_model
+from specserve.engine.proposer import ProposalRequest, Proposals, ProposerContext, ProposerError
+from specserve.engine.runner import SequenceInput, forward_sequences
+from specserve.engine.sampler import logits_to_probs
+from specserve.engine.tokenizer import Tokenizer
+
+
+class DraftModelProposer:
+    name = "draft_model"
+    needs_hidden_states = False
+
+    def __init__(self, ctx: ProposerContext):
+        spec = ctx.config.draft
+        if spec is None or spec.model_path is None:
+            raise ProposerError("--speculative-method draft_model needs --draft-model-path")
+        loaded = load_model(spec, ctx.config.cache_dir)
+        self.model = loaded.model
+        self.device = spec.device
+        self.dtype = spec.dtype
+        self.block_size = ctx.block_size
+        self.target_vocab = ctx.vocab_size
+        _check_same_vocabulary(ctx.extra.get("tokenizer"), Tokenizer(loaded.directory), spec.model_path)
+        self.kv_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._generators: dict[str, torch.Generator] = {}
+
+    def kv_bytes_per_token(self) -> int:
+        return self.model.config.kv_bytes_per_token(torch.finfo(self.dtype).bits // 8)
+
+    def bind_kv_cache(self, num_slots: int) -> None:
+        self.kv_cache = self.model.allocate_kv_cache(num_slots, self.dtype, self.device)
+
+    def on_request_finished(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def _generator(self, item: ProposalRequest) -> torch.Generator:
+        rid = item.request.request_id
+        if rid not in self._generators:
+            seed = item.request.params.seed
+            g = torch.Generator()
+            # A seeded request gets a seeded draft stream too, so its whole output is reproducible.
+            g.manual_seed((seed + 0x5EED) % 2**63) if seed is not None else g.seed()
+            self._generators[rid] = g
+        return self._generators[rid]
+
+    def propose(self, batch: list[ProposalRequest]) -> Proposals:
+        drafts: list[list[int]] = [[] for _ in batch]
+        probs: list[list[torch.Tensor]] = [[] for _ in batch]
+        active = list(range(len(batch)))
+        step = 0
+        while active:
+            seqs = []
+            for i in active:
+                req = batch[i].request
+                if step == 0:
+                    start = req.num_draft_computed_tokens
+                    tokens = req.all_token_ids[start:]
+                else:
+                    start = req.num_tokens + step - 1
+                    tokens = [drafts[i][-1]]
+                seqs.append(SequenceInput(tokens, start, req.block_ids, 1))
+            hidden = forward_sequences(self.model, self.kv_cache, seqs, self.block_size, self.device)
+            logits = self.model.compute_logits(hidden).cpu()[:, : self.target_vocab]  # [B, V]
+            row_probs = logits_to_probs(logits, [batch[i].request.params for i in active])
+            for row, i in enumerate(active):
+                item = batch[i]
+                if item.request.params.greedy:
+                    token = int(row_probs[row].argmax())
+                else:
+                    token = int(torch.multinomial(row_probs[row], 1, generator=self._generator(item)))
+                    probs[i].append(row_probs[row])
+                drafts[i].append(token)
+                item.request.num_draft_computed_tokens = item.request.num_tokens + step
+            step += 1
+            active = [i for i in active if len(drafts[i]) < batch[i].max_num_tokens]
+        return Proposals(
+            token_ids=drafts,
+            probs=[torch.stack(p) if p else None for p in probs],
+        )
+
+
+def _check_same_vocabulary(target: Tokenizer | None, draft: Tokenizer, draft_path: str) -> None:
+    """Draft and target must tokenize identically; extra padding rows in an embedding are fine."""
+    if target is None:
+        return
+    t_vocab, d_vocab = target.hf.get_vocab(), draft.hf.get_vocab()
+    if t_vocab != d_vocab:
+        only_t = len(set(t_vocab.items()) - set(d_vocab.items()))
+        only_d = len(set(d_vocab.items()) - set(t_vocab.items()))
+        raise ProposerError(
+            f"draft model {draft_path} does not share the target's vocabulary ({len(t_vocab)} vs"
+            f" {len(d_vocab)} tokens; {only_t} target and {only_d} draft entries differ)"
+        )

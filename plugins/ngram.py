@@ -1,0 +1,39 @@
+"""Prompt-lookup proposer: find the latest earlier occurrence of the sequence's last n tokens and
+propose the tokens that followed it (n from ngram_max down to ngram_min). No model, no probabilities:
+the verifier treats the drafts as one-hot."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specserve.engine.proposer import ProposalRequest, Proposals, ProposerContext
+
+
+def find_continuation(tokens: np.ndarray, ngram_min: int, ngram_max: int, k: int) -> list[int]:
+    """tokens: [L] int64. Up to k tokens that followed the latest earlier match of the last n-gram."""
+    length = len(tokens)
+    for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
+        suffix = tokens[length - n :]
+        # Candidate windows start at 0..L-n-1 (the suffix itself excluded).
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)  # [L-n, n]
+        hits = np.flatnonzero((windows == suffix).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return tokens[start : start + k].tolist()
+    return []
+
+
+class NgramProposer:
+    name = "ngram"
+    needs_hidden_states = False
+
+    def __init__(self, ctx: ProposerContext):
+        self.ngram_min = ctx.config.ngram_min
+        self.ngram_max = ctx.config.ngram_max
+
+    def propose(self, batch: list[ProposalRequest]) -> Proposals:
+        drafts = []
+        for item in batch:
+            tokens = np.asarray(item.request.all_token_ids, dtype=np.int64)
+            drafts.append(find_continuation(tokens, self.ngram_min, self.ngram_max, item.max_num_tokens))
+        return Proposals(token_ids=drafts, probs=[None] * len(batch))

@@ -19,7 +19,15 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_draft_dir(tmp_path_factory) -> Path:
-    """A different random llama sharing the target's tokenizer/vocab: a real but weak draft."""
+    """The target's weights plus noise, sharing its tokenizer: a draft that agrees often, not always."""
+    import torch
+
     path = tmp_path_factory.mktemp("tiny-draft")
-    build_tiny_model(path, "llama", seed=1, num_hidden_layers=1)
+    model = build_tiny_model(path, "llama", seed=0)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.add_(torch.randn(p.shape, generator=g) * 0.04)
+    model.save_pretrained(path)
     return path

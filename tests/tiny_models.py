@@ -98,3 +98,26 @@ def build_tiny_model(
     if with_tokenizer:
         build_tokenizer(directory, vocab_size=cfg.vocab_size)
     return model
+
+
+def make_llm(model_dir: Path, **kwargs):
+    """An LLM on a tiny model in float32 with a fixed, small KV cache (no memory profiling)."""
+    from specserve.engine import LLM
+
+    kwargs.setdefault("quantization_encoding", "float32")
+    kwargs.setdefault("max_kv_cache_tokens", 4096)
+    kwargs.setdefault("speculative_method", "none")
+    return LLM(str(model_dir), **kwargs)
+
+
+def mixed_prompts(n: int = 16, seed: int = 0) -> list[list[int]]:
+    """Token-id prompts of different lengths, some with repeats so n-gram lookup finds matches."""
+    import random
+
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(n):
+        length = rng.randint(3, 60)
+        base = [rng.randrange(3, 300) for _ in range(max(2, length // 3))]
+        prompts.append((base * 4)[:length] if i % 2 else [rng.randrange(3, 300) for _ in range(length)])
+    return prompts

@@ -22,6 +22,9 @@ if [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
     exit 1
 fi
 
+# Keep downloaded tools out of git even where .gitignore does not list .tools/.
+[ -e "$ROOT/.tools/.gitignore" ] || { mkdir -p "$ROOT/.tools" && printf '*\n' > "$ROOT/.tools/.gitignore"; }
+
 if [ -x "$DEST_DIR/helm" ] && "$DEST_DIR/helm" version --short 2>/dev/null | grep -q "^${HELM_VERSION}+"; then
     echo "helm ${HELM_VERSION} already at $DEST_DIR/helm"
     exit 0

@@ -65,7 +65,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* `specserve serve` flags from values, one "--flag=value" item each (a YAML list). */}}
 {{- define "specserve.args" -}}
 {{- $m := .Values.model }}
-{{- $d := .Values.draftModel }}
+{{- $d := .Values.draftModel -}}
 - "--host=0.0.0.0"
 - {{ printf "--port=%v" (.Values.containerPort) | quote }}
 - {{ printf "--devices=%v" (.Values.devices) | quote }}

@@ -1,0 +1,169 @@
+"""Every command-line flag, defined once. The `--draft-` twins of the model flags are generated here,
+and the same definitions build both the argparse parser and the pydantic-settings class, so each flag
+also reads from SPECSERVE_<NAME> in the environment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from specserve.engine.config import ENCODINGS
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str  # python/settings name; the flag is --name-with-dashes
+    type: Any
+    default: Any
+    help: str
+    group: str
+    choices: tuple[str, ...] | None = None
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def option(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+MODEL_FLAGS = [
+    Flag(
+        "model_path",
+        str,
+        None,
+        "hub id, HF directory or .gguf (default: embedded SmolLM2-135M-Instruct)",
+        "model",
+    ),
+    Flag("weight_path", str, None, "explicit weights file (e.g. a .gguf) for the model", "model"),
+    Flag(
+        "quantization_encoding",
+        str,
+        "bfloat16",
+        "weights/compute type; int8/int4 are weight-only and LOSSY for a target (fine for a draft)",
+        "model",
+        choices=ENCODINGS,
+        aliases=("--dtype",),
+    ),
+    Flag("devices", str, "cpu", "cpu, gpu or gpu:N", "model"),
+]
+
+# Each model flag has a --draft- twin configuring the draft model independently (default: the target's).
+DRAFT_FLAGS = [
+    replace(
+        f,
+        name="draft_" + f.name,
+        default=None,
+        help=f"draft model: {f.help}"
+        if f.name == "model_path"
+        else f"draft model's {f.name.replace('_', ' ')}",
+        group="speculative decoding",
+        aliases=tuple("--draft-" + a[2:] for a in f.aliases),
+    )
+    for f in MODEL_FLAGS
+]
+DRAFT_FLAGS[0] = replace(
+    DRAFT_FLAGS[0], help="draft model (hub id, dir or .gguf); turns on the draft_model proposer"
+)
+
+SPEC_FLAGS = [
+    Flag(
+        "speculative_method",
+        str,
+        "auto",
+        "auto|none|ngram|draft_model|medusa|<plugin>|pkg.module:Class (auto: draft_model if a draft is given, else ngram)",
+        "speculative decoding",
+    ),
+    Flag(
+        "max_num_steps",
+        int,
+        5,
+        "most draft tokens proposed per verification",
+        "speculative decoding",
+        aliases=("--num-speculative-tokens",),
+    ),
+    Flag("ngram_min", int, 1, "shortest n-gram matched by prompt lookup", "speculative decoding"),
+    Flag("ngram_max", int, 4, "longest n-gram matched by prompt lookup", "speculative decoding"),
+    Flag("medusa_heads_path", str, None, "directory with a Medusa-1 head checkpoint", "speculative decoding"),
+]
+
+ENGINE_FLAGS = [
+    Flag(
+        "device_memory_utilization",
+        float,
+        0.9,
+        "fraction of device memory (CPU: RAM) for weights + KV cache",
+        "engine",
+    ),
+    Flag(
+        "max_kv_cache_tokens", int, None, "fixed KV cache size in tokens (skips memory profiling)", "engine"
+    ),
+    Flag("kv_cache_page_size", int, 16, "tokens per KV cache block", "engine"),
+    Flag("enable_prefix_caching", bool, False, "reuse KV blocks of repeated prompt prefixes", "engine"),
+    Flag(
+        "enable_chunked_prefill",
+        bool,
+        True,
+        "split long prompts into chunks that share steps with decodes",
+        "engine",
+    ),
+    Flag(
+        "max_length", int, None, "max tokens per sequence, prompt + output (default: the model's)", "engine"
+    ),
+    Flag("max_batch_size", int, 32, "most requests running at once", "engine"),
+    Flag("max_num_batched_tokens", int, None, "token budget per step (default 2048)", "engine"),
+    Flag("seed", int, 0, "engine seed for requests without their own", "engine"),
+    Flag(
+        "cache_dir",
+        str,
+        None,
+        "converted-model cache (default: $SPECSERVE_CACHE_DIR or ~/.cache/specserve)",
+        "engine",
+    ),
+]
+
+SERVE_FLAGS = [
+    Flag(
+        "host",
+        str,
+        "0.0.0.0",
+        "bind address (0.0.0.0 exposes the API to the network; 127.0.0.1 keeps it local)",
+        "server",
+    ),
+    Flag("port", int, 8000, "TCP port", "server"),
+    Flag("served_model_name", str, None, "model name in the API (default: the model path)", "server"),
+    Flag("api_key", str, None, "require 'Authorization: Bearer KEY' (except /health and /metrics)", "server"),
+    Flag(
+        "unauthenticated_paths",
+        str,
+        "/health,/metrics",
+        "comma-separated paths that need no API key",
+        "server",
+    ),
+    Flag("max_request_bytes", int, 1 << 20, "largest accepted request body (413 beyond)", "server"),
+    Flag("max_waiting_requests", int, 256, "queued requests beyond which new ones get 503", "server"),
+    Flag("request_read_timeout", float, 30.0, "seconds to receive a whole request body", "server"),
+    Flag("shutdown_timeout", float, 30.0, "seconds in-flight requests get to finish on SIGTERM", "server"),
+    Flag("log_stats_interval", float, 10.0, "seconds between stats log lines (0: off)", "server"),
+]
+
+GENERATE_FLAGS = [
+    Flag("prompt", str, None, "the prompt text", "generation"),
+    Flag("prompt_file", str, None, "read the prompt from this file", "generation"),
+    Flag("max_new_tokens", int, 128, "most tokens to generate", "generation"),
+    Flag("temperature", float, 0.0, "sampling temperature (0: greedy)", "generation"),
+    Flag("top_p", float, 1.0, "nucleus sampling mass", "generation"),
+    Flag("top_k", int, 0, "sample from the k most likely tokens (0: off)", "generation"),
+    Flag("min_p", float, 0.0, "drop tokens below min_p x the top probability", "generation"),
+    Flag("repetition_penalty", float, 1.0, "penalise tokens already seen (>1 discourages)", "generation"),
+    Flag("stop", str, None, "stop string", "generation"),
+    Flag("ignore_eos", bool, False, "keep generating past end-of-sequence tokens", "generation"),
+    Flag(
+        "no_chat_template",
+        bool,
+        False,
+        "send the prompt as raw text, without the chat template",
+        "generation",
+    ),
+    Flag("output", str, "text", "text or json", "generation", choices=("text", "json")),
+]
+
+MODEL_AND_ENGINE = MODEL_FLAGS + DRAFT_FLAGS + SPEC_FLAGS + ENGINE_FLAGS

@@ -1,0 +1,316 @@
+"""/v1/chat/completions and /v1/completions on top of the AsyncEngine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from specserve.engine.async_engine import AsyncEngine
+from specserve.engine.outputs import RequestOutput, TokenLogprob
+from specserve.engine.sampling_params import InvalidParameterError, SamplingParams
+from specserve.engine.tokenizer import Tokenizer
+
+from .errors import ApiError
+from .protocol import ChatCompletionRequest, CompletionRequest
+
+
+@dataclass
+class ChoiceState:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    last: RequestOutput | None = None
+
+
+class OpenAIServing:
+    def __init__(self, engine: AsyncEngine, model_name: str, tokenizer: Tokenizer, max_waiting: int):
+        self.engine = engine
+        self.model_name = model_name
+        self.tokenizer = tokenizer
+        self.max_waiting = max_waiting
+        self.draining = False
+
+    # --- admission ----------------------------------------------------------------------------
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise ApiError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
+
+    def _check_capacity(self, n: int) -> None:
+        if self.draining:
+            raise ApiError(503, "the server is shutting down", code="server_shutting_down")
+        core = self.engine.core
+        waiting = self.engine.num_in_flight - core.num_running
+        if waiting + n > self.max_waiting:
+            raise ApiError(
+                503, f"server at capacity: {waiting} requests waiting; retry later", code="server_overloaded"
+            )
+
+    def _start(
+        self, prompts: list[list[int]], params: SamplingParams
+    ) -> tuple[str, list[AsyncIterator[RequestOutput]]]:
+        self._check_capacity(len(prompts) * params.n)
+        base = uuid.uuid4().hex
+        streams = []
+        try:
+            for p_idx, ids in enumerate(prompts):
+                for i in range(params.n):
+                    choice_params = params
+                    if params.seed is not None and params.n > 1:
+                        choice_params = SamplingParams(**{**params.__dict__, "seed": params.seed + i})
+                    streams.append(self.engine.generate(ids, choice_params, f"{base}-{p_idx}-{i}"))
+            # Validate all (make_request runs on first iteration): prime each generator now.
+        except InvalidParameterError as exc:
+            raise ApiError(400, str(exc), exc.param) from None
+        return base, streams
+
+    # --- endpoints ----------------------------------------------------------------------------
+    async def chat(self, request: web.Request, body: ChatCompletionRequest) -> web.StreamResponse:
+        self._check_model(body.model)
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        try:
+            ids = self.tokenizer.apply_chat_template(messages)
+        except Exception as exc:
+            raise ApiError(
+                400, f"cannot apply the chat template: {str(exc).splitlines()[0]}", "messages"
+            ) from None
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        params = self._params(body, body.max_completion_tokens or body.max_tokens, logprobs)
+        return await self._respond(request, body, [ids], params, chat=True)
+
+    async def completions(self, request: web.Request, body: CompletionRequest) -> web.StreamResponse:
+        self._check_model(body.model)
+        if body.echo or body.suffix:
+            raise ApiError(400, "echo and suffix are not supported", "echo" if body.echo else "suffix")
+        prompts = self._completion_prompts(body.prompt)
+        params = self._params(body, body.max_tokens or 16, body.logprobs)
+        return await self._respond(request, body, prompts, params, chat=False)
+
+    def _params(self, body: Any, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        try:
+            return body.sampling_params(max_tokens, logprobs)
+        except InvalidParameterError as exc:
+            raise ApiError(400, str(exc), exc.param) from None
+
+    def _completion_prompts(self, prompt: Any) -> list[list[int]]:
+        if isinstance(prompt, str):
+            prompts = [self.tokenizer.encode(prompt)]
+        elif prompt and isinstance(prompt[0], str):
+            prompts = [self.tokenizer.encode(p) for p in prompt]
+        elif prompt and isinstance(prompt[0], list):
+            prompts = [list(p) for p in prompt]
+        else:
+            prompts = [list(prompt)]
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ApiError(400, "prompt must not be empty", "prompt")
+        if len(prompts) > 64:
+            raise ApiError(400, "at most 64 prompts per request", "prompt")
+        return prompts
+
+    async def _respond(
+        self, request: web.Request, body: Any, prompts: list[list[int]], params: SamplingParams, chat: bool
+    ) -> web.StreamResponse:
+        base, streams = self._start(prompts, params)
+        prompt_tokens = sum(len(p) for p in prompts) * params.n
+        iters = [s.__aiter__() for s in streams]
+        # Pull the first output of every choice's stream lazily, but validate now: the generator's
+        # first step submits the request, which raises InvalidParameterError for bad values.
+        merged: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue()
+        tasks = [asyncio.create_task(self._pump(i, it, merged)) for i, it in enumerate(iters)]
+        try:
+            if body.stream:
+                return await self._stream(request, base, body, tasks, merged, prompt_tokens, chat, params)
+            return await self._complete(base, tasks, merged, prompt_tokens, chat, params)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    @staticmethod
+    async def _pump(index: int, it: AsyncIterator[RequestOutput], merged: asyncio.Queue) -> None:
+        try:
+            async for out in it:
+                await merged.put((index, out))
+        except InvalidParameterError as exc:
+            await merged.put((index, exc))
+        finally:
+            await it.aclose()  # type: ignore[attr-defined]
+
+    async def _next(self, merged: asyncio.Queue) -> tuple[int, RequestOutput]:
+        index, item = await merged.get()
+        if isinstance(item, InvalidParameterError):
+            raise ApiError(400, str(item), item.param)
+        if isinstance(item, BaseException):
+            raise item
+        if item.error is not None:
+            raise ApiError(500, f"internal error while generating: {item.error}", code="internal_error")
+        return index, item
+
+    async def _complete(self, base, tasks, merged, prompt_tokens, chat, params) -> web.Response:
+        choices = [ChoiceState(i) for i in range(len(tasks))]
+        remaining = len(tasks)
+        while remaining:
+            index, out = await self._next(merged)
+            c = choices[index]
+            c.text += out.new_text
+            c.token_ids += out.new_token_ids
+            c.logprobs += out.new_logprobs
+            c.last = out
+            if out.finished:
+                c.finish_reason = out.finish_reason
+                remaining -= 1
+        payload_choices = []
+        for c in choices:
+            lp = self._logprobs_payload(c.logprobs, chat) if params.logprobs is not None else None
+            if chat:
+                payload_choices.append(
+                    {
+                        "index": c.index,
+                        "message": {"role": "assistant", "content": c.text},
+                        "logprobs": lp,
+                        "finish_reason": c.finish_reason,
+                    }
+                )
+            else:
+                payload_choices.append(
+                    {"index": c.index, "text": c.text, "logprobs": lp, "finish_reason": c.finish_reason}
+                )
+        return web.json_response(
+            {
+                "id": ("chatcmpl-" if chat else "cmpl-") + base,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": self.model_name,
+                "choices": payload_choices,
+                "usage": self._usage(prompt_tokens, [c.last for c in choices]),
+            }
+        )
+
+    async def _stream(
+        self, request, base, body, tasks, merged, prompt_tokens, chat, params
+    ) -> web.StreamResponse:
+        # Validate before committing to a 200: wait for each choice's first output (or error).
+        first: list[tuple[int, RequestOutput]] = []
+        pending = len(tasks)
+        seen: set[int] = set()
+        while len(seen) < pending:
+            index, out = await self._next(merged)
+            seen.add(index)
+            first.append((index, out))
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        created = int(time.time())
+        obj_id = ("chatcmpl-" if chat else "cmpl-") + base
+        last: dict[int, RequestOutput] = {}
+        started: set[int] = set()
+
+        async def send(payload: dict | str) -> None:
+            data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+            await response.write(f"data: {data}\n\n".encode())
+
+        def chunk(index: int, out: RequestOutput) -> dict:
+            lp = self._logprobs_payload(out.new_logprobs, chat) if params.logprobs is not None else None
+            if chat:
+                delta: dict[str, Any] = {"content": out.new_text}
+                if index not in started:
+                    delta["role"] = "assistant"
+                choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": out.finish_reason}
+            else:
+                choice = {
+                    "index": index,
+                    "text": out.new_text,
+                    "logprobs": lp,
+                    "finish_reason": out.finish_reason,
+                }
+            started.add(index)
+            return {
+                "id": obj_id,
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": created,
+                "model": self.model_name,
+                "choices": [choice],
+            }
+
+        remaining = len(tasks)
+        queue_items = list(first)
+        while remaining:
+            if queue_items:
+                index, out = queue_items.pop(0)
+            else:
+                index, out = await self._next(merged)
+            last[index] = out
+            if out.new_text or out.finished or out.new_token_ids:
+                await send(chunk(index, out))
+            if out.finished:
+                remaining -= 1
+        if body.stream_options is not None and body.stream_options.include_usage:
+            await send(
+                {
+                    "id": obj_id,
+                    "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": created,
+                    "model": self.model_name,
+                    "choices": [],
+                    "usage": self._usage(prompt_tokens, [last.get(i) for i in range(len(tasks))]),
+                }
+            )
+        await send("[DONE]")
+        await response.write_eof()
+        return response
+
+    # --- payload helpers ------------------------------------------------------------------------
+    def _usage(self, prompt_tokens: int, finals: list[RequestOutput | None]) -> dict[str, Any]:
+        completion = sum(o.num_output_tokens for o in finals if o)
+        drafts = sum(o.num_drafts for o in finals if o)
+        draft_tokens = sum(o.num_draft_tokens for o in finals if o)
+        accepted = sum(o.num_accepted_tokens for o in finals if o)
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+            "speculative": {
+                "num_drafts": drafts,
+                "num_draft_tokens": draft_tokens,
+                "num_accepted_tokens": accepted,
+                "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
+                "mean_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
+            },
+        }
+
+    def _logprobs_payload(self, logprobs: list[TokenLogprob], chat: bool) -> dict[str, Any]:
+        piece = self.tokenizer.id_to_piece
+        if chat:
+            return {
+                "content": [
+                    {
+                        "token": piece(lp.token_id),
+                        "logprob": lp.logprob,
+                        "bytes": list(piece(lp.token_id).encode()),
+                        "top_logprobs": [
+                            {"token": piece(t), "logprob": v, "bytes": list(piece(t).encode())}
+                            for t, v in lp.top
+                        ],
+                    }
+                    for lp in logprobs
+                ]
+            }
+        offsets, pos = [], 0
+        for lp in logprobs:
+            offsets.append(pos)
+            pos += len(piece(lp.token_id))
+        return {
+            "tokens": [piece(lp.token_id) for lp in logprobs],
+            "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [{piece(t): v for t, v in lp.top} for lp in logprobs],
+            "text_offset": offsets,
+        }

@@ -1,0 +1,74 @@
+"""`specserve serve`: load the engine, bind, print the ready line, drain gracefully on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from aiohttp import web
+
+from specserve.engine.async_engine import AsyncEngine
+from specserve.engine.engine_core import EngineCore
+
+from .app import SERVING_KEY, build_app
+from .settings import CliError, engine_config_from
+
+logger = logging.getLogger("specserve.api")
+
+
+def run_server(settings) -> None:
+    config = engine_config_from(settings)
+    from .cli import _startup_errors
+
+    try:
+        core = EngineCore(config)
+    except _startup_errors() as exc:
+        raise CliError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    asyncio.run(serve(core, settings))
+
+
+async def serve(core: EngineCore, settings) -> None:
+    engine = AsyncEngine(core)
+    engine.start()
+    name = settings.served_model_name or core.config.model.model_path or "HuggingFaceTB/SmolLM2-135M-Instruct"
+    app = build_app(
+        engine,
+        name,
+        api_key=settings.api_key,
+        open_paths={p.strip() for p in settings.unauthenticated_paths.split(",") if p.strip()},
+        max_request_bytes=settings.max_request_bytes,
+        max_waiting=settings.max_waiting_requests,
+        read_timeout=settings.request_read_timeout,
+        log_stats_interval=settings.log_stats_interval,
+    )
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=settings.shutdown_timeout,
+        handler_cancellation=True,  # a client that disconnects cancels its handler -> request aborted
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port)
+    await site.start()
+    sockets = site._server.sockets if site._server else []  # noqa: SLF001 - the real bound port (port 0)
+    port = sockets[0].getsockname()[1] if sockets else settings.port
+    print(f"Server ready on http://{settings.host}:{port} (Press CTRL+C to quit)", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    logger.info(
+        "shutting down: no new requests; waiting up to %.0f s for %d in flight",
+        settings.shutdown_timeout,
+        engine.num_in_flight,
+    )
+    app[SERVING_KEY].draining = True
+    deadline = loop.time() + settings.shutdown_timeout
+    while engine.num_in_flight and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    await runner.cleanup()
+    await engine.stop()
+    logger.info("stopped")

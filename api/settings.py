@@ -1,0 +1,114 @@
+"""Settings at the boundary: argparse for flags, pydantic-settings for SPECSERVE_* env vars and types.
+
+Flags given on the command line win over environment variables, which win over defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, NoReturn
+
+from pydantic import ValidationError, create_model
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from specserve.engine.config import EngineConfig, ModelSpec
+
+from .flags import Flag
+
+
+class CliError(Exception):
+    """A one-line usage error: printed as `specserve: error: ...`, exit code 2."""
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise CliError(f"{message} (see {self.prog} --help)")
+
+
+def build_settings_class(name: str, flags: list[Flag]) -> type[BaseSettings]:
+    fields: dict[str, Any] = {}
+    for f in flags:
+        annotation = f.type | None if f.default is None else f.type
+        fields[f.name] = (annotation, f.default)
+    cls = create_model(name, __base__=BaseSettings, **fields)
+    cls.model_config = SettingsConfigDict(env_prefix="SPECSERVE_", extra="ignore", case_sensitive=False)
+    return cls
+
+
+def add_flags(parser: argparse.ArgumentParser, flags: list[Flag]) -> None:
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in flags:
+        group = groups.setdefault(f.group, parser.add_argument_group(f.group))
+        default_txt = "" if f.default is None else f" (default: {f.default})"
+        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": f.help + default_txt}
+        if f.type is bool:
+            if f.name.startswith("no_") or not f.default:
+                kwargs["action"] = (
+                    "store_true" if f.name.startswith("no_") else argparse.BooleanOptionalAction
+                )
+            else:
+                kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = f.type
+            kwargs["metavar"] = f.name.upper().removeprefix("DRAFT_") if not f.choices else None
+            if f.choices:
+                kwargs["choices"] = f.choices
+        group.add_argument(f.option, *f.aliases, **kwargs)
+
+
+def parse_settings(settings_cls: type[BaseSettings], args: argparse.Namespace) -> BaseSettings:
+    given = {k: v for k, v in vars(args).items() if v is not None and k in settings_cls.model_fields}
+    try:
+        return settings_cls(**given)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first.get("loc") else "?"
+        raise CliError(f"--{field.replace('_', '-')}: {first['msg']}") from None
+
+
+def engine_config_from(settings: BaseSettings) -> EngineConfig:
+    s = settings
+    target = ModelSpec(
+        model_path=s.model_path,
+        weight_path=s.weight_path,
+        quantization_encoding=s.quantization_encoding,
+        devices=s.devices,
+    )
+    draft = None
+    if s.draft_model_path or s.draft_weight_path:
+        draft = ModelSpec(
+            model_path=s.draft_model_path or s.draft_weight_path,
+            weight_path=s.draft_weight_path,
+            quantization_encoding=s.draft_quantization_encoding or s.quantization_encoding,
+            devices=s.draft_devices or s.devices,
+        )
+    config = EngineConfig(
+        model=target,
+        draft=draft,
+        speculative_method=s.speculative_method,
+        num_speculative_tokens=s.max_num_steps,
+        ngram_min=s.ngram_min,
+        ngram_max=s.ngram_max,
+        medusa_heads_path=s.medusa_heads_path,
+        block_size=s.kv_cache_page_size,
+        device_memory_utilization=s.device_memory_utilization,
+        max_kv_cache_tokens=s.max_kv_cache_tokens,
+        enable_prefix_caching=s.enable_prefix_caching,
+        max_batch_size=s.max_batch_size,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        enable_chunked_prefill=s.enable_chunked_prefill,
+        max_length=s.max_length,
+        seed=s.seed,
+        cache_dir=s.cache_dir,
+    )
+    try:
+        config.validate()
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return config
+
+
+def fail(message: str) -> NoReturn:
+    print(f"specserve: error: {message}", file=sys.stderr)
+    raise SystemExit(2)

@@ -1,0 +1,103 @@
+"""AsyncEngine: one asyncio task drives EngineCore.step() in a worker thread; one stream per request.
+
+The model work runs in a single worker thread so the event loop stays free to accept connections and
+stream tokens. A request's stream is an asyncio.Queue fed with that request's RequestOutputs; when the
+consumer goes away (client disconnect -> task cancelled) the request is aborted and its blocks freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from .engine_core import EngineCore
+from .outputs import RequestOutput
+from .sampling_params import SamplingParams
+
+logger = logging.getLogger("specserve.engine")
+
+
+class AsyncEngine:
+    def __init__(self, core: EngineCore, on_step: Callable[[EngineCore], None] | None = None):
+        self.core = core
+        self.on_step = on_step
+        self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specserve-engine")
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._stopping = False
+        self.alive = False
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="specserve-engine-loop")
+        self.alive = True
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        self._executor.shutdown(wait=True)
+        self.alive = False
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    def submit(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str) -> asyncio.Queue:
+        """Validate and queue a request (raises InvalidParameterError); returns its output queue."""
+        request = self.core.make_request(prompt_token_ids, params, request_id)
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._streams[request.request_id] = queue
+        self.core.add_request(request)
+        self._wake.set()
+        return queue
+
+    def abort(self, request_id: str) -> None:
+        if self._streams.pop(request_id, None) is not None:
+            self.core.abort(request_id)
+            self._wake.set()
+
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        queue = self.submit(prompt_token_ids, params, request_id)
+        finished = False
+        try:
+            while not finished:
+                out = await queue.get()
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                self.abort(request_id)  # consumer left early (disconnect or cancel)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            if not self.core.has_work():
+                self._wake.clear()
+                if not self.core.has_work():
+                    await self._wake.wait()
+                continue
+            try:
+                outputs = await loop.run_in_executor(self._executor, self.core.step)
+            except Exception:
+                # A bug outside any single request: fail what is in flight, keep the loop alive.
+                logger.exception("engine step failed; aborting in-flight requests")
+                for rid in list(self._streams):
+                    self.core.abort(rid)
+                continue
+            for out in outputs:
+                queue = self._streams.get(out.request_id)
+                if queue is not None:
+                    queue.put_nowait(out)
+                    if out.finished:
+                        del self._streams[out.request_id]
+            if self.on_step is not None:
+                try:
+                    self.on_step(self.core)
+                except Exception:
+                    logger.exception("stats hook failed")

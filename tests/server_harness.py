@@ -35,18 +35,32 @@ class RunningServer:
             return self.process.wait(10)
 
 
-def start_server(model_dir: Path, log_dir: Path, *extra: str, env: dict[str, str] | None = None,
-                 startup_timeout: float = 120) -> RunningServer:
+def start_server(
+    model_dir: Path,
+    log_dir: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    startup_timeout: float = 120,
+) -> RunningServer:
     """Launch the server with a tiny float32 model and a fixed KV cache; wait for the ready line."""
     log_path = log_dir / f"server-{time.monotonic_ns()}.log"
     args = [
-        sys.executable, "-m", "specserve.api.cli", "serve",
-        "--model-path", str(model_dir),
-        "--quantization-encoding", "float32",
-        "--max-kv-cache-tokens", "8192",
-        "--host", "127.0.0.1",
-        "--port", "0",
-        "--log-stats-interval", "0",
+        sys.executable,
+        "-m",
+        "specserve.api.cli",
+        "serve",
+        "--model-path",
+        str(model_dir),
+        "--quantization-encoding",
+        "float32",
+        "--max-kv-cache-tokens",
+        "8192",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--log-stats-interval",
+        "0",
         *extra,
     ]
     log = open(log_path, "w")  # noqa: SIM115 - owned by the process for its lifetime

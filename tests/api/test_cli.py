@@ -1,0 +1,121 @@
+"""`specserve generate` end to end, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "specserve.api.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_generate_json_on_tiny_model(tiny_llama_dir):
+    r = run_cli(
+        "generate",
+        "--model-path",
+        str(tiny_llama_dir),
+        "--prompt",
+        "hello",
+        "--output",
+        "json",
+        "--quantization-encoding",
+        "float32",
+        "--max-kv-cache-tokens",
+        "2048",
+        "--max-new-tokens",
+        "6",
+        "--ignore-eos",
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    for key in (
+        "text",
+        "token_ids",
+        "prompt_tokens",
+        "generated_tokens",
+        "finish_reason",
+        "elapsed_s",
+        "decode_tokens_per_s",
+        "spec",
+    ):
+        assert key in out
+    assert out["generated_tokens"] == 6 == len(out["token_ids"])
+    assert out["spec"]["method"] == "ngram"
+    assert set(out["spec"]) >= {
+        "num_drafts",
+        "num_draft_tokens",
+        "num_accepted_tokens",
+        "acceptance_rate",
+        "mean_acceptance_length",
+        "per_position_acceptance",
+    }
+
+
+def test_env_vars_configure_flags(tiny_llama_dir):
+    r = run_cli(
+        "generate",
+        "--prompt",
+        "hello",
+        "--output",
+        "json",
+        "--max-new-tokens",
+        "4",
+        env={
+            "SPECSERVE_MODEL_PATH": str(tiny_llama_dir),
+            "SPECSERVE_QUANTIZATION_ENCODING": "float32",
+            "SPECSERVE_MAX_KV_CACHE_TOKENS": "2048",
+            "SPECSERVE_SPECULATIVE_METHOD": "none",
+        },
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["spec"]["method"] == "none"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["generate", "--no-such-flag"],
+        ["generate", "--prompt", "x", "--max-num-steps", "many"],
+        ["generate", "--prompt", "x", "--device-memory-utilization", "1.5"],
+        ["generate", "--prompt", "x", "--quantization-encoding", "int3"],
+        ["generate"],
+        ["generate", "--prompt", "x", "--model-path", "/no/such/dir/model"],
+        ["serve", "--port", "not-a-port"],
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(args):
+    r = run_cli(*args, env={"HF_HUB_OFFLINE": "1"}, timeout=120)
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.strip().splitlines() if "specserve: error:" in ln]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_help_groups_flags():
+    r = run_cli("generate", "--help")
+    assert r.returncode == 0
+    for group in ("model:", "speculative decoding:", "engine:", "generation:"):
+        assert group in r.stdout
+    assert "--draft-quantization-encoding" in r.stdout and "--num-speculative-tokens" in r.stdout
+
+
+def test_embedded_default_answers_in_english():
+    """No model flags: the embedded SmolLM2-135M-Instruct (from its PyPI carrier) answers a simple question."""
+    r = run_cli(
+        "generate", "--prompt", "What is the capital of France?", "--output", "json", "--max-new-tokens", "30"
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "Paris" in out["text"]
+    assert out["finish_reason"] in ("stop", "length")

@@ -1,0 +1,151 @@
+"""The official openai client (sync and async) against a real server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=60)
+
+
+def test_models_list(client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+
+
+def test_chat_completion(client):
+    r = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=8, temperature=0
+    )
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens >= 1
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_completion_streaming_matches_non_streaming(client):
+    kwargs = dict(
+        model="tiny",
+        prompt="The quick brown fox",
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    full = client.completions.create(**kwargs)
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == full.choices[0].text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_chat_streaming(client):
+    stream = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6, temperature=0, stream=True
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_n_choices(client):
+    r = client.completions.create(model="tiny", prompt="abc", max_tokens=5, n=2, temperature=1.0, seed=3)
+    assert sorted(c.index for c in r.choices) == [0, 1]
+
+
+def test_seed_reproducible(client):
+    kwargs = dict(model="tiny", prompt="Bonjour", max_tokens=10, temperature=1.0, seed=42)
+    a = client.completions.create(**kwargs).choices[0].text
+    b = client.completions.create(**kwargs).choices[0].text
+    assert a == b
+
+
+def test_stop_string(client):
+    base = (
+        client.completions.create(
+            model="tiny", prompt="The quick", max_tokens=20, temperature=0, extra_body={"ignore_eos": True}
+        )
+        .choices[0]
+        .text
+    )
+    stop = base[4:7]
+    assert stop
+    r = client.completions.create(
+        model="tiny",
+        prompt="The quick",
+        max_tokens=20,
+        temperature=0,
+        stop=[stop],
+        extra_body={"ignore_eos": True},
+    )
+    assert r.choices[0].text == base[: base.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_logprobs(client):
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "x"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) == 4
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+    c = client.completions.create(
+        model="tiny", prompt="x", max_tokens=3, temperature=0, logprobs=2, extra_body={"ignore_eos": True}
+    )
+    assert len(c.choices[0].logprobs.token_logprobs) == 3
+
+
+def test_speculative_extension(client):
+    prompt = "1 2 3 4 5 6 7 8 9 10 11 12 1 2 3 4 5 6 7 8 9 10 11 12 1 2 3"
+    on = client.completions.create(
+        model="tiny",
+        prompt=prompt,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"ignore_eos": True, "speculative": {"num_speculative_tokens": 3}},
+    )
+    off = client.completions.create(
+        model="tiny",
+        prompt=prompt,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"ignore_eos": True, "speculative": {"enabled": False}},
+    )
+    assert on.choices[0].text == off.choices[0].text  # lossless
+    spec_on = on.usage.model_extra["speculative"]
+    spec_off = off.usage.model_extra["speculative"]
+    assert spec_on["num_draft_tokens"] > 0
+    assert 0 <= spec_on["acceptance_rate"] <= 1
+    assert spec_on["mean_acceptance_length"] >= 1
+    assert spec_off["num_draft_tokens"] == 0
+
+
+async def test_async_client_concurrent(server):
+    client = openai.AsyncOpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=60)
+    results = await asyncio.gather(
+        *[
+            client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=6, temperature=0
+            )
+            for i in range(6)
+        ]
+    )
+    assert all(r.choices[0].message.content is not None for r in results)
+    await client.close()
+
+
+def test_unknown_model_is_404(client):
+    with pytest.raises(openai.NotFoundError) as err:
+        client.completions.create(model="nope", prompt="x", max_tokens=2)
+    assert err.value.body["code"] == "model_not_found"

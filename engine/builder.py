@@ -80,7 +80,9 @@ def plan_kv_cache(
                 f" --max-length {max_length} (needs {blocks_per_seq * config.block_size} tokens)"
             )
         return KVPlan(num_blocks, bytes_per_block, 0)
-    activation = _profile_activation_bytes(target, max_num_batched_tokens, config.block_size, spec.device)
+    activation = _profile_activation_bytes(
+        target, max_num_batched_tokens, max_length, config.block_size, spec.device
+    )
     weights = module_bytes(target) + (module_bytes(proposer.model) if hasattr(proposer, "model") else 0)
     num_blocks = plan_num_blocks(
         total_device_memory(spec.device),
@@ -94,19 +96,34 @@ def plan_kv_cache(
 
 
 def _profile_activation_bytes(
-    model: LlamaForCausalLM, num_tokens: int, block_size: int, device: torch.device
+    model: LlamaForCausalLM, num_tokens: int, max_length: int, block_size: int, device: torch.device
 ) -> int:
-    """Run one forward at the full token budget and measure how much memory it took at its peak."""
-    num_blocks = -(-num_tokens // block_size)
-    cache: KVCache = model.allocate_kv_cache(num_blocks * block_size, next(model.parameters()).dtype, device)
-    seq = SequenceInput([0] * num_tokens, 0, list(range(num_blocks)), 1)
+    """Run one forward at the full token budget and measure how much memory it took at its peak.
+
+    The budget is split into sequences no longer than max_length (positions must stay in range).
+    """
+    per_seq = min(num_tokens, max_length)
+    blocks_per_seq = -(-per_seq // block_size)
+    num_seqs = -(-num_tokens // per_seq)
+    cache: KVCache = model.allocate_kv_cache(
+        num_seqs * blocks_per_seq * block_size, next(model.parameters()).dtype, device
+    )
+    seqs = [
+        SequenceInput(
+            [0] * min(per_seq, num_tokens - i * per_seq),
+            0,
+            list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)),
+            1,
+        )
+        for i in range(num_seqs)
+    ]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-        forward_sequences(model, cache, [seq], block_size, device)
+        forward_sequences(model, cache, seqs, block_size, device)
         return torch.cuda.max_memory_allocated(device) - before
     before = current_rss_bytes()
-    forward_sequences(model, cache, [seq], block_size, device)
+    forward_sequences(model, cache, seqs, block_size, device)
     # ru_maxrss is a lifetime peak: an underestimate only if an earlier phase peaked higher.
     return max(0, peak_rss_bytes() - before)
 

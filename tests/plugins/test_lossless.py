@@ -131,3 +131,30 @@ def test_mismatched_draft_vocabulary_is_refused(tiny_llama_dir, tmp_path):
 def test_unknown_method_lists_choices(tiny_llama_dir):
     with pytest.raises(ProposerError, match="ngram"):
         make_llm(tiny_llama_dir, speculative_method="no_such_method")
+
+
+def test_stops_and_logprobs_inside_accepted_windows(tiny_llama_dir, tiny_draft_dir, prompts, plain):
+    """A stop token, max_tokens or a stop string landing mid-window cuts it exactly where plain decoding stops."""
+    base = make_llm(tiny_llama_dir)
+    spec = make_llm(tiny_llama_dir, draft_model_path=str(tiny_draft_dir), speculative_method="draft_model")
+    for i in (1, 3, 5):
+        ref = plain[i]
+        stop_id = ref[7]
+        for params in (
+            SamplingParams(max_tokens=24, temperature=0, stop_token_ids=[stop_id], logprobs=2),
+            SamplingParams(max_tokens=9, temperature=0, ignore_eos=True, logprobs=2),
+        ):
+            a = base.generate([prompts[i]], params, use_chat_template=False)[0]
+            b = spec.generate([prompts[i]], params, use_chat_template=False)[0]
+            assert b.token_ids == a.token_ids and b.finish_reason == a.finish_reason
+            assert len(b.logprobs) == len(b.token_ids)
+            for x, y in zip(a.logprobs, b.logprobs, strict=True):
+                assert x.token_id == y.token_id and abs(x.logprob - y.logprob) < 1e-4
+        text = base.generate([prompts[i]], GREEDY, use_chat_template=False)[0].text
+        if len(text) > 8:
+            stop = text[5:8]
+            params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop=[stop])
+            a = base.generate([prompts[i]], params, use_chat_template=False)[0]
+            b = spec.generate([prompts[i]], params, use_chat_template=False)[0]
+            assert b.text == a.text == text[: text.index(stop)]
+    assert spec.engine.stats.spec.num_accepted_tokens > 0

@@ -69,7 +69,8 @@ def plan_kv_cache(
     dtype_bytes = torch.finfo(spec.dtype).bits // 8
     proposer_bytes = int(getattr(proposer, "kv_bytes_per_token", lambda: 0)()) if proposer else 0
     bytes_per_block = config.block_size * (target.config.kv_bytes_per_token(dtype_bytes) + proposer_bytes)
-    blocks_per_seq = -(-max_length // config.block_size) + 1  # +1: lookahead slots past the end
+    # Lookahead never passes max_length (k is capped by the tokens left), so this is a full sequence.
+    blocks_per_seq = -(-max_length // config.block_size)
     # More blocks than every slot of a full batch can use only serve the prefix cache.
     useful_blocks = config.max_batch_size * blocks_per_seq * (2 if config.enable_prefix_caching else 1)
     if config.max_kv_cache_tokens is not None:

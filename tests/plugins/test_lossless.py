@@ -47,8 +47,9 @@ def _method_kwargs(method, request):
         {"enable_chunked_prefill": True, "max_num_batched_tokens": 48},
         {"enable_chunked_prefill": False},
         {"max_kv_cache_tokens": 224, "max_length": 96},  # forced preemption
+        {"enable_prefix_caching": True, "block_size": 4, "max_num_batched_tokens": 48},
     ],
-    ids=["chunked", "unchunked", "preempting"],
+    ids=["chunked", "unchunked", "preempting", "prefix-cached"],
 )
 def test_greedy_speculation_equals_plain(tiny_llama_dir, prompts, plain, method, engine_kwargs, request):
     llm = make_llm(
@@ -56,6 +57,11 @@ def test_greedy_speculation_equals_plain(tiny_llama_dir, prompts, plain, method,
     )
     outs = llm.generate(prompts, GREEDY, use_chat_template=False)
     assert [o.token_ids for o in outs] == plain
+    if engine_kwargs.get("enable_prefix_caching"):
+        # Again, now that the cache is warm: requests start from cached blocks (also for the draft's KV).
+        again = llm.generate(prompts[:6], GREEDY, use_chat_template=False)
+        assert [o.token_ids for o in again] == plain[:6]
+        assert llm.engine.kv_manager.pool.num_hits > 0
     spec = llm.engine.stats.spec
     assert spec.num_draft_tokens > 0, "the proposer never proposed"
     if "max_kv_cache_tokens" in engine_kwargs:

@@ -21,6 +21,9 @@ class AttentionMetadata:
     query_index: torch.Tensor  # [S, Q] int64: flat token index of each query row (pad -> 0)
     attn_mask: torch.Tensor  # [S, 1, Q, C] bool: True where query may attend
     output_index: torch.Tensor  # [T] int64: row of each flat token inside the padded [S * Q] output
+    # True when every sequence has the same query length: the flat batch is already [S, Q] and the
+    # query/output gathers can be skipped (the common all-decode and single-sequence steps).
+    uniform_queries: bool = False
 
     @classmethod
     def build(
@@ -60,6 +63,7 @@ class AttentionMetadata:
             query_index=query_index.to(device),
             attn_mask=mask.unsqueeze(1).to(device),
             output_index=torch.tensor(output_index, dtype=torch.int64, device=device),
+            uniform_queries=len(set(query_lens)) == 1,
         )
 
 
@@ -75,11 +79,19 @@ def paged_attention(
     k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
     v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
     num_seqs, max_q = meta.query_index.shape
-    keys = k_cache[meta.context_slots].transpose(1, 2)  # [S, KVH, C, D]
-    values = v_cache[meta.context_slots].transpose(1, 2)  # [S, KVH, C, D]
-    queries = q[meta.query_index].transpose(1, 2)  # [S, H, Q, D]
+    max_c = meta.context_slots.shape[1]
+    flat_slots = meta.context_slots.view(-1)
+    # index_select on the flat slot array is much cheaper than 2-D advanced indexing on CPU.
+    keys = k_cache.index_select(0, flat_slots).view(num_seqs, max_c, *k_cache.shape[1:]).transpose(1, 2)
+    values = v_cache.index_select(0, flat_slots).view(num_seqs, max_c, *v_cache.shape[1:]).transpose(1, 2)
+    if meta.uniform_queries:
+        queries = q.view(num_seqs, max_q, *q.shape[1:]).transpose(1, 2)  # [S, H, Q, D]
+    else:
+        queries = (
+            q.index_select(0, meta.query_index.view(-1)).view(num_seqs, max_q, *q.shape[1:]).transpose(1, 2)
+        )
     out = F.scaled_dot_product_attention(
         queries, keys.to(q.dtype), values.to(q.dtype), attn_mask=meta.attn_mask, scale=scale, enable_gqa=True
     )  # [S, H, Q, D]
     out = out.transpose(1, 2).reshape(num_seqs * max_q, -1)  # [S * Q, H * D]
-    return out[meta.output_index]
+    return out if meta.uniform_queries else out.index_select(0, meta.output_index)

@@ -114,7 +114,7 @@ class LlamaForCausalLM(nn.Module):
         for layer, cache in zip(self.layers, kv_cache, strict=True):
             x = layer(x, positions, cache, meta)
         if output_index is not None:
-            x = x[output_index]
+            x = x.index_select(0, output_index)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab] float32

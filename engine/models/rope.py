@@ -47,8 +47,8 @@ class RotaryEmbedding(torch.nn.Module):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # q: [T, H, D], k: [T, KVH, D]; cos/sin gathered to [T, 1, D] in the activations' dtype
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        cos = self.cos.index_select(0, positions).unsqueeze(1).to(q.dtype)
+        sin = self.sin.index_select(0, positions).unsqueeze(1).to(q.dtype)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 

@@ -68,6 +68,11 @@ async def _read_json(request: web.Request, model: type[BaseModel]) -> Any:
         raw = await asyncio.wait_for(request.read(), timeout)
     except asyncio.TimeoutError:
         raise ApiError(408, f"request body not received within {timeout:g} s") from None
+    except ConnectionError:  # the client hung up mid-body: its problem, not an internal error
+        raise ApiError(400, "the connection closed before the request body was complete") from None
+    # JSON only: a browser page can POST text/plain or a form cross-site without a CORS preflight.
+    if request.content_type != "application/json" and not request.content_type.endswith("+json"):
+        raise ApiError(415, f"Content-Type must be application/json, not {request.content_type[:100]!r}")
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:

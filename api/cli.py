@@ -47,6 +47,12 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     try:
+        if argv[:1] in (["bench"], ["soak"]):
+            # Straight through: argparse's REMAINDER would reject a leading --option (`soak --duration`).
+            from specserve.api import tools
+
+            tools.main(argv[0], argv[1:])
+            return
         args = parser.parse_args(argv)
         if args.version:
             from specserve import __version__

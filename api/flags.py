@@ -140,7 +140,13 @@ SERVE_FLAGS = [
     ),
     Flag("max_request_bytes", int, 1 << 20, "largest accepted request body (413 beyond)", "server"),
     Flag("max_waiting_requests", int, 256, "queued requests beyond which new ones get 503", "server"),
-    Flag("request_read_timeout", float, 30.0, "seconds to receive a whole request body", "server"),
+    Flag(
+        "request_read_timeout",
+        float,
+        30.0,
+        "seconds to receive a request's headers or whole body (also the idle keep-alive limit)",
+        "server",
+    ),
     Flag("shutdown_timeout", float, 30.0, "seconds in-flight requests get to finish on SIGTERM", "server"),
     Flag("log_stats_interval", float, 10.0, "seconds between stats log lines (0: off)", "server"),
 ]

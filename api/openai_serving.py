@@ -17,8 +17,8 @@ from specserve.engine.outputs import RequestOutput, TokenLogprob
 from specserve.engine.sampling_params import InvalidParameterError, SamplingParams
 from specserve.engine.tokenizer import Tokenizer
 
-from .errors import ApiError
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .errors import _TYPES, ApiError
+from .protocol import ChatCompletionRequest, CompletionRequest, error_body
 
 
 @dataclass
@@ -47,6 +47,10 @@ class OpenAIServing:
     def _check_capacity(self, n: int) -> None:
         if self.draining:
             raise ApiError(503, "the server is shutting down", code="server_shutting_down")
+        if n > self.max_waiting:  # could never be admitted: a client error, not "retry later"
+            raise ApiError(
+                400, f"{n} completions (prompts x n) exceed this server's limit of {self.max_waiting}", "n"
+            )
         core = self.engine.core
         waiting = self.engine.num_in_flight - core.num_running
         if waiting + n > self.max_waiting:
@@ -56,21 +60,25 @@ class OpenAIServing:
 
     def _start(
         self, prompts: list[list[int]], params: SamplingParams
-    ) -> tuple[str, list[AsyncIterator[RequestOutput]]]:
+    ) -> tuple[str, list[str], list[AsyncIterator[RequestOutput]]]:
+        """Validate and submit every choice now, so admission counts them at once (no burst race)."""
         self._check_capacity(len(prompts) * params.n)
         base = uuid.uuid4().hex
-        streams = []
+        submitted: list[tuple[str, asyncio.Queue]] = []
         try:
             for p_idx, ids in enumerate(prompts):
                 for i in range(params.n):
                     choice_params = params
                     if params.seed is not None and params.n > 1:
                         choice_params = SamplingParams(**{**params.__dict__, "seed": params.seed + i})
-                    streams.append(self.engine.generate(ids, choice_params, f"{base}-{p_idx}-{i}"))
-            # Validate all (make_request runs on first iteration): prime each generator now.
+                    rid = f"{base}-{p_idx}-{i}"
+                    submitted.append((rid, self.engine.submit(ids, choice_params, rid)))
         except InvalidParameterError as exc:
+            for rid, _ in submitted:
+                self.engine.abort(rid)
             raise ApiError(400, str(exc), exc.param) from None
-        return base, streams
+        ids_ = [rid for rid, _ in submitted]
+        return base, ids_, [self.engine.stream(q, rid) for rid, q in submitted]
 
     # --- endpoints ----------------------------------------------------------------------------
     async def chat(self, request: web.Request, body: ChatCompletionRequest) -> web.StreamResponse:
@@ -118,11 +126,10 @@ class OpenAIServing:
     async def _respond(
         self, request: web.Request, body: Any, prompts: list[list[int]], params: SamplingParams, chat: bool
     ) -> web.StreamResponse:
-        base, streams = self._start(prompts, params)
+        base, request_ids, streams = self._start(prompts, params)
         prompt_tokens = sum(len(p) for p in prompts) * params.n
         iters = [s.__aiter__() for s in streams]
-        # Pull the first output of every choice's stream lazily, but validate now: the generator's
-        # first step submits the request, which raises InvalidParameterError for bad values.
+        # One pump task per choice merges all choices' outputs into one queue, in arrival order.
         merged: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue()
         tasks = [asyncio.create_task(self._pump(i, it, merged)) for i, it in enumerate(iters)]
         try:
@@ -133,6 +140,8 @@ class OpenAIServing:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            for rid in request_ids:  # no-op for finished ones; frees any a cancelled task never started
+                self.engine.abort(rid)
 
     @staticmethod
     async def _pump(index: int, it: AsyncIterator[RequestOutput], merged: asyncio.Queue) -> None:
@@ -151,6 +160,8 @@ class OpenAIServing:
         if isinstance(item, BaseException):
             raise item
         if item.error is not None:
+            if self.draining:
+                raise ApiError(503, item.error, code="server_shutting_down")
             raise ApiError(500, f"internal error while generating: {item.error}", code="internal_error")
         return index, item
 
@@ -243,16 +254,22 @@ class OpenAIServing:
 
         remaining = len(tasks)
         queue_items = list(first)
-        while remaining:
-            if queue_items:
-                index, out = queue_items.pop(0)
-            else:
-                index, out = await self._next(merged)
-            last[index] = out
-            if out.new_text or out.finished or out.new_token_ids:
-                await send(chunk(index, out))
-            if out.finished:
-                remaining -= 1
+        try:
+            while remaining:
+                if queue_items:
+                    index, out = queue_items.pop(0)
+                else:
+                    index, out = await self._next(merged)
+                last[index] = out
+                if out.new_text or out.finished or out.new_token_ids:
+                    await send(chunk(index, out))
+                if out.finished:
+                    remaining -= 1
+        except ApiError as exc:  # the 200 is already sent: report the error in the stream (as vLLM does)
+            await send(error_body(exc.message, _TYPES.get(exc.status, "server_error"), exc.param, exc.code))
+            await send("[DONE]")
+            await response.write_eof()
+            return response
         if body.stream_options is not None and body.stream_options.include_usage:
             await send(
                 {

@@ -68,7 +68,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                             "text/event-stream": {},
                         },
                     },
-                    **_errors(400, 401, 404, 408, 413, 503),
+                    **_errors(400, 401, 404, 408, 413, 415, 503),
                 },
             }
         }

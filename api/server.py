@@ -48,6 +48,9 @@ async def serve(core: EngineCore, settings) -> None:
         handle_signals=False,
         shutdown_timeout=settings.shutdown_timeout,
         handler_cancellation=True,  # a client that disconnects cancels its handler -> request aborted
+        # Idle connections, and ones still sending their headers (slowloris), close after the read timeout
+        # (aiohttp's own default is an hour).
+        keepalive_timeout=settings.request_read_timeout,
     )
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)
@@ -69,6 +72,9 @@ async def serve(core: EngineCore, settings) -> None:
     deadline = loop.time() + settings.shutdown_timeout
     while engine.num_in_flight and loop.time() < deadline:
         await asyncio.sleep(0.05)
+    if engine.num_in_flight:  # out of time: end those streams with a clear error, not a cut connection
+        n = engine.fail_all("the server shut down before this request finished")
+        logger.warning("shutdown timeout: %d requests ended with an error", n)
     await runner.cleanup()
     await engine.stop()
     logger.info("stopped")

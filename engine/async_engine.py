@@ -60,10 +60,26 @@ class AsyncEngine:
             self.core.abort(request_id)
             self._wake.set()
 
+    def fail_all(self, error: str) -> int:
+        """Finish every in-flight stream now with `error` (shutdown timeout, failed step); returns how many."""
+        ids = list(self._streams)
+        for rid in ids:
+            self._streams.pop(rid).put_nowait(
+                RequestOutput(rid, [], "", finished=True, finish_reason="abort", error=error)
+            )
+            self.core.abort(rid)
+        self._wake.set()
+        return len(ids)
+
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[RequestOutput]:
         queue = self.submit(prompt_token_ids, params, request_id)
+        async for out in self.stream(queue, request_id):
+            yield out
+
+    async def stream(self, queue: asyncio.Queue, request_id: str) -> AsyncIterator[RequestOutput]:
+        """Outputs of a submitted request until it finishes; leaving early aborts it."""
         finished = False
         try:
             while not finished:
@@ -84,11 +100,11 @@ class AsyncEngine:
                 continue
             try:
                 outputs = await loop.run_in_executor(self._executor, self.core.step)
-            except Exception:
-                # A bug outside any single request: fail what is in flight, keep the loop alive.
+            except Exception as exc:
+                # A bug outside any single request: fail what is in flight (with an error its client
+                # sees, not a silent "abort"), keep the loop alive.
                 logger.exception("engine step failed; aborting in-flight requests")
-                for rid in list(self._streams):
-                    self.core.abort(rid)
+                self.fail_all(f"engine step failed: {type(exc).__name__}")
                 continue
             for out in outputs:
                 queue = self._streams.get(out.request_id)

@@ -14,6 +14,8 @@ import torch
 
 from .sampling_params import SamplingParams
 
+_LOGIT_LIMIT = 1e4  # far beyond any real logit; divided by the smallest temperature (1e-5) still finite
+
 
 @dataclass
 class RowContext:
@@ -46,7 +48,8 @@ def apply_penalties_and_bias(logits: torch.Tensor, rows: list[RowContext]) -> to
             counts = torch.bincount(torch.tensor(row.output_token_ids, dtype=torch.long), minlength=vocab)
             counts = counts[:vocab].to(logits.dtype)
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
-    return logits
+    # Keep logits finite: a tiny repetition_penalty divides a logit to inf, and softmax([inf, ...]) is NaN.
+    return logits.clamp_(-_LOGIT_LIMIT, _LOGIT_LIMIT)
 
 
 def logits_to_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
@@ -75,6 +78,7 @@ def logits_to_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
             # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
             cum_before = torch.cumsum(sorted_probs, 0) - sorted_probs
             sorted_keep = cum_before < p.top_p
+            sorted_keep[0] = True  # also when top_p rounds to 0 in float32
             top_p_keep = torch.zeros(vocab, dtype=torch.bool)
             top_p_keep[order] = sorted_keep
             keep &= top_p_keep

@@ -1,0 +1,134 @@
+"""Smoke test: `specserve bench latency --quick` on a tiny random model, and the JSON it writes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specserve.api import tools
+from specserve.benchmarks import latency
+
+RUN_KEYS = {
+    "method",
+    "prompt_id",
+    "category",
+    "repeat",
+    "prompt_tokens",
+    "generated_tokens",
+    "elapsed_s",
+    "first_token_s",
+    "tokens_per_s",
+    "decode_tokens_per_s",
+    "identical_to_plain",
+    "spec",
+    "draft_s",
+    "verify_s",
+}
+OVERALL_KEYS = {
+    "median_tokens_per_s",
+    "median_decode_tokens_per_s",
+    "speedup_vs_specserve_plain",
+    "speedup_vs_transformers_plain",
+    "greedy_identical_to_plain",
+    "spec",
+    "draft_s",
+    "verify_s",
+}
+
+
+def test_latency_quick_smoke(tiny_llama_dir, tiny_draft_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = [
+        "--quick",
+        "--model-path",
+        str(tiny_llama_dir),
+        "--draft-model-path",
+        str(tiny_draft_dir),
+        "--quantization-encoding",
+        "float32",
+        "--max-new-tokens",
+        "6",
+        "--categories",
+        "qa,code",
+        "--throughput-batch",
+        "2",
+        "--output-dir",
+        str(out),
+        "--no-progress",
+    ]
+    with pytest.raises(SystemExit) as exc:
+        tools.main("bench", ["latency", *argv])
+    assert exc.value.code == 0
+    assert "specserve:plain" in capsys.readouterr().out
+
+    report = json.loads((out / "latency.json").read_text())
+    assert report["schema"] == latency.SCHEMA
+    assert {
+        "created",
+        "command",
+        "machine",
+        "config",
+        "methods",
+        "prompts",
+        "summary",
+        "runs",
+        "files",
+    } <= set(report)
+    methods = [m["name"] for m in report["methods"]]
+    assert methods == list(latency.ALL_METHODS)  # every method applies: a draft was given
+    assert report["config"]["repeats"] == 2 and report["config"]["max_new_tokens"] == 6
+    assert len(report["runs"]) == 2 * len(report["prompts"]) * len(methods)
+    for run in report["runs"]:
+        assert set(run) >= RUN_KEYS
+        assert run["generated_tokens"] == 6  # EOS ignored: every method does the same work
+    for m in methods:
+        overall = report["summary"][m]["overall"]
+        assert set(overall) >= OVERALL_KEYS
+        assert set(report["summary"][m]["by_category"]) == {"qa", "code"}
+    spec = report["summary"]["specserve:draft_model"]["overall"]
+    assert spec["spec"]["num_drafts"] > 0 and 1 <= len(spec["spec"]["per_position_acceptance"]) <= 5
+    assert spec["draft_s"] > 0 and spec["verify_s"] > 0
+    # float32 greedy speculation is lossless: identical to plain, token for token.
+    for m in ("specserve:ngram", "specserve:draft_model"):
+        assert report["summary"][m]["overall"]["greedy_identical_to_plain"] is True
+    assert report["summary"]["specserve:plain"]["overall"]["speedup_vs_specserve_plain"] == 1.0
+    assert report["throughput"]["batch"] == 2 and report["throughput"]["ratio_vs_batch1"] > 0
+    assert (out / "latency.md").read_text().startswith("# specserve bench latency")
+    for png in ("latency_speedup.png", "latency_acceptance.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_latency_unknown_method_and_missing_draft(tiny_llama_dir, tmp_path):
+    with pytest.raises(SystemExit, match="unknown method"):
+        latency.main(
+            ["--model-path", str(tiny_llama_dir), "--methods", "warp", "--output-dir", str(tmp_path)]
+        )
+    with pytest.raises(SystemExit, match="need --draft-model-path"):
+        latency.main(
+            ["--model-path", str(tiny_llama_dir), "--methods", "draft_model", "--output-dir", str(tmp_path)]
+        )
+
+
+def test_tools_dispatch(capsys):
+    with pytest.raises(SystemExit) as exc:
+        tools.main("bench", ["nope"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        tools.main("bench", [])
+    assert exc.value.code == 2 and "latency" in capsys.readouterr().out
+
+
+def test_soak_not_available_yet(capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "specserve.benchmarks.soak" else real(name, *a),
+    )
+    with pytest.raises(SystemExit) as exc:
+        tools.main("soak", [])
+    assert exc.value.code == 2
+    assert "specserve soak: not available yet" in capsys.readouterr().err

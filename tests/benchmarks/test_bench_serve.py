@@ -1,0 +1,91 @@
+"""Smoke test: `specserve bench serve --quick` against a real server on 127.0.0.1, and its JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from server_harness import start_server
+
+from specserve.benchmarks import serve
+
+
+def test_serve_quick_smoke(tiny_llama_dir, tmp_path):
+    server = start_server(tiny_llama_dir, tmp_path)
+    try:
+        out = tmp_path / "out"
+        code = serve.main(
+            [
+                "--quick",
+                "--base-url",
+                server.base_url,
+                "--concurrency",
+                "1,2",
+                "--requests-per-level",
+                "2",
+                "--max-tokens",
+                "6",
+                "--categories",
+                "qa,code",
+                "--output-dir",
+                str(out),
+                "--no-progress",
+            ]
+        )
+    finally:
+        server.stop()
+    assert code == 0
+    report = json.loads((out / "serve.json").read_text())
+    assert report["schema"] == serve.SCHEMA
+    assert {"created", "command", "machine", "server", "config", "summary", "cells", "files"} <= set(report)
+    assert [(c["concurrency"], c["mode"]) for c in report["cells"]] == [
+        (1, "off"),
+        (1, "on"),
+        (2, "on"),
+        (2, "off"),
+    ]
+    for cell in report["cells"]:
+        assert cell["completed"] == 2 and cell["failed"] == 0
+        assert cell["output_tokens"] == 12  # EOS ignored, 6 tokens each
+        for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
+            assert set(cell[key]) == {"p50", "p90", "p99"}
+        assert cell["ttft_s"]["p50"] > 0 and cell["output_tokens_per_s"] > 0
+        # The per-request toggle really turns speculation off (ngram on the server by default).
+        assert (cell["acceptance_rate"] is None) == (cell["mode"] == "off")
+    summ = report["summary"]
+    assert [s["concurrency"] for s in summ] == [1, 2]
+    assert all(s["spec_speedup_output_tokens_per_s"] > 0 for s in summ)
+    assert (out / "serve.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| concurrency |" in (out / "serve.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "url", ["http://10.0.0.1:8000", "http://example.com", "ftp://127.0.0.1:1", "http://192.168.1.2"]
+)
+def test_refuses_non_loopback(url):
+    with pytest.raises(serve.BenchError):
+        serve.check_loopback(url)
+
+
+def test_accepts_loopback():
+    assert serve.check_loopback("http://127.0.0.1:8000/v1/") == "http://127.0.0.1:8000"
+    assert serve.check_loopback("http://localhost:9") == "http://localhost:9"
+    assert serve.check_loopback("http://[::1]:9") == "http://[::1]:9"
+
+
+def test_plan_is_bounded(tmp_path, capsys):
+    code = serve.main(
+        [
+            "--base-url",
+            "http://127.0.0.1:1",
+            "--concurrency",
+            "64",
+            "--requests-per-level",
+            "1000",
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
+    assert code == 2 and "max-total-requests" in capsys.readouterr().err
+    code = serve.main(["--base-url", "http://8.8.8.8:80", "--output-dir", str(tmp_path)])
+    assert code == 2

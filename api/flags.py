@@ -111,6 +111,7 @@ ENGINE_FLAGS = [
     Flag("max_batch_size", int, 32, "most requests running at once", "engine"),
     Flag("max_num_batched_tokens", int, None, "token budget per step (default 2048)", "engine"),
     Flag("seed", int, 0, "engine seed for requests without their own", "engine"),
+    Flag("num_threads", int, None, "CPU threads for torch (default: torch's; 1 is faster on a busy machine)", "engine"),
     Flag(
         "cache_dir",
         str,

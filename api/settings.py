@@ -69,6 +69,12 @@ def parse_settings(settings_cls: type[BaseSettings], args: argparse.Namespace) -
 
 def engine_config_from(settings: BaseSettings) -> EngineConfig:
     s = settings
+    if s.num_threads is not None:
+        if s.num_threads < 1:
+            raise CliError("--num-threads must be >= 1")
+        import torch
+
+        torch.set_num_threads(s.num_threads)  # process-wide by nature: set once, here at the boundary
     target = ModelSpec(
         model_path=s.model_path,
         weight_path=s.weight_path,

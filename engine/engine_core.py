@@ -211,7 +211,8 @@ class EngineCore:
             )
         t0 = time.perf_counter()
         hidden = forward_sequences(self.model, self.kv_cache, seqs, self.config.block_size, self.device)
-        logits = self.model.compute_logits(hidden).cpu()  # [N, vocab]
+        with torch.inference_mode():
+            logits = self.model.compute_logits(hidden).cpu()  # [N, vocab]
         if proposals:
             self.stats.spec.verify_seconds += time.perf_counter() - t0
         return logits, hidden

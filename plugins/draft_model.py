@@ -72,7 +72,8 @@ class DraftModelProposer:
                     tokens = [drafts[i][-1]]
                 seqs.append(SequenceInput(tokens, start, req.block_ids, 1))
             hidden = forward_sequences(self.model, self.kv_cache, seqs, self.block_size, self.device)
-            logits = self.model.compute_logits(hidden).cpu()[:, : self.target_vocab]  # [B, V]
+            with torch.inference_mode():
+                logits = self.model.compute_logits(hidden).cpu()[:, : self.target_vocab]  # [B, V]
             row_probs = logits_to_probs(logits, [batch[i].request.params for i in active])
             for row, i in enumerate(active):
                 item = batch[i]

@@ -36,10 +36,10 @@ class LLM:
                 model_path=model_path, **{k: kwargs.pop(k) for k in list(kwargs) if k in model_keys}
             )
             draft_path = kwargs.pop("draft_model_path", None)
+            # The draft may use its own encoding (e.g. an int4 draft for a bfloat16 target).
+            draft_encoding = kwargs.pop("draft_quantization_encoding", None) or model.quantization_encoding
             draft = (
-                ModelSpec(model_path=draft_path, quantization_encoding=model.quantization_encoding)
-                if draft_path
-                else None
+                ModelSpec(model_path=draft_path, quantization_encoding=draft_encoding) if draft_path else None
             )
             config = EngineConfig(model=model, draft=draft, **kwargs)
         self.engine = EngineCore(config)

@@ -221,6 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["float32", "bfloat16", "float16"],
         help="dtype for every method",
     )
+    m.add_argument(
+        "--draft-quantization-encoding",
+        default=None,
+        choices=["float32", "bfloat16", "float16", "int8", "int4"],
+        help="specserve's draft model encoding (default: the target's); transformers' assistant stays in the dtype",
+    )
     m.add_argument("--cache-dir", default=None, help="specserve cache dir (default $SPECSERVE_CACHE_DIR)")
     m.add_argument(
         "--max-kv-cache-tokens",
@@ -359,6 +365,7 @@ def build_setup(args: argparse.Namespace, methods: list[str]) -> Setup:
         engines["draft_model"] = LLM(
             args.model_path,
             draft_model_path=args.draft_model_path,
+            draft_quantization_encoding=args.draft_quantization_encoding,
             speculative_method="draft_model",
             **common,
         )
@@ -578,6 +585,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             "model_path": args.model_path,
             "draft_model_path": args.draft_model_path,
             "quantization_encoding": args.quantization_encoding,
+            "draft_quantization_encoding": args.draft_quantization_encoding,
             "max_new_tokens": args.max_new_tokens,
             "ignore_eos": ignore_eos,
             "repeats": args.repeats,

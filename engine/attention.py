@@ -8,6 +8,8 @@ decodes and (k+1)-token verification windows of different requests run in ONE SD
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +69,37 @@ class AttentionMetadata:
         )
 
 
+def _write_and_gather(
+    q: torch.Tensor,  # [T, H, D]
+    k: torch.Tensor,  # [T, KVH, D]
+    v: torch.Tensor,  # [T, KVH, D]
+    k_cache: torch.Tensor,  # [num_slots, KVH, D]
+    v_cache: torch.Tensor,  # [num_slots, KVH, D]
+    meta: AttentionMetadata,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Store the new K/V, then gather padded per-sequence tensors: q [S, Q, H, D], k/v [S, C, KVH, D]."""
+    k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+    num_seqs, max_q = meta.query_index.shape
+    max_c = meta.context_slots.shape[1]
+    flat_slots = meta.context_slots.view(-1)
+    # index_select on the flat slot array is much cheaper than 2-D advanced indexing on CPU.
+    keys = k_cache.index_select(0, flat_slots).view(num_seqs, max_c, *k_cache.shape[1:]).to(q.dtype)
+    values = v_cache.index_select(0, flat_slots).view(num_seqs, max_c, *v_cache.shape[1:]).to(q.dtype)
+    if meta.uniform_queries:
+        queries = q.view(num_seqs, max_q, *q.shape[1:])
+    else:
+        queries = q.index_select(0, meta.query_index.view(-1)).view(num_seqs, max_q, *q.shape[1:])
+    return queries, keys, values
+
+
+def _flatten_output(out: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """[S, Q, H, D] padded output -> [T, H * D] rows of the real query tokens."""
+    num_seqs, max_q = out.shape[:2]
+    out = out.reshape(num_seqs * max_q, -1)
+    return out if meta.uniform_queries else out.index_select(0, meta.output_index)
+
+
 def paged_attention(
     q: torch.Tensor,  # [T, H, D]
     k: torch.Tensor,  # [T, KVH, D]
@@ -76,22 +109,43 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:  # [T, H * D]
-    k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
-    num_seqs, max_q = meta.query_index.shape
-    max_c = meta.context_slots.shape[1]
-    flat_slots = meta.context_slots.view(-1)
-    # index_select on the flat slot array is much cheaper than 2-D advanced indexing on CPU.
-    keys = k_cache.index_select(0, flat_slots).view(num_seqs, max_c, *k_cache.shape[1:]).transpose(1, 2)
-    values = v_cache.index_select(0, flat_slots).view(num_seqs, max_c, *v_cache.shape[1:]).transpose(1, 2)
-    if meta.uniform_queries:
-        queries = q.view(num_seqs, max_q, *q.shape[1:]).transpose(1, 2)  # [S, H, Q, D]
-    else:
-        queries = (
-            q.index_select(0, meta.query_index.view(-1)).view(num_seqs, max_q, *q.shape[1:]).transpose(1, 2)
-        )
+    """The reference backend: torch SDPA (CPU and CUDA), GQA handled by SDPA itself."""
+    queries, keys, values = _write_and_gather(q, k, v, k_cache, v_cache, meta)
     out = F.scaled_dot_product_attention(
-        queries, keys.to(q.dtype), values.to(q.dtype), attn_mask=meta.attn_mask, scale=scale, enable_gqa=True
+        queries.transpose(1, 2),  # [S, H, Q, D]
+        keys.transpose(1, 2),  # [S, KVH, C, D]
+        values.transpose(1, 2),
+        attn_mask=meta.attn_mask,
+        scale=scale,
+        enable_gqa=True,
     )  # [S, H, Q, D]
-    out = out.transpose(1, 2).reshape(num_seqs * max_q, -1)  # [S * Q, H * D]
-    return out if meta.uniform_queries else out.index_select(0, meta.output_index)
+    return _flatten_output(out.transpose(1, 2), meta)
+
+
+def xformers_paged_attention(q, k, v, k_cache, v_cache, meta, scale) -> torch.Tensor:  # [T, H * D]
+    """CUDA backend through xformers' memory-efficient attention (same gather, same mask as SDPA)."""
+    import xformers.ops as xops
+
+    queries, keys, values = _write_and_gather(q, k, v, k_cache, v_cache, meta)
+    group = queries.shape[2] // keys.shape[2]
+    keys = keys.repeat_interleave(group, dim=2)  # [S, C, H, D]: GQA expanded
+    values = values.repeat_interleave(group, dim=2)
+    num_seqs, max_q, heads, _ = queries.shape
+    max_c = keys.shape[1]
+    # xformers wants an additive bias whose last dim is 8-aligned in memory: allocate padded, then slice.
+    padded_c = -(-max_c // 8) * 8
+    bias = torch.full((num_seqs, heads, max_q, padded_c), float("-inf"), dtype=queries.dtype, device=q.device)
+    bias = bias[..., :max_c]
+    bias.masked_fill_(meta.attn_mask.expand(num_seqs, heads, max_q, max_c), 0.0)
+    out = xops.memory_efficient_attention(queries, keys, values, attn_bias=bias, scale=scale)  # [S, Q, H, D]
+    return _flatten_output(out, meta)
+
+
+AttentionBackend = Callable[..., torch.Tensor]
+
+
+def select_attention_backend(device: torch.device | str) -> tuple[str, AttentionBackend]:
+    """torch SDPA everywhere; xformers on CUDA when it is installed."""
+    if torch.device(device).type == "cuda" and importlib.util.find_spec("xformers") is not None:
+        return "xformers", xformers_paged_attention
+    return "torch_sdpa", paged_attention

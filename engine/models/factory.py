@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from ..attention import select_attention_backend
 from .arch import ArchConfig
 from .llama import LlamaForCausalLM
 from .weights import load_safetensors_weights
@@ -25,8 +26,10 @@ def load_decoder(directory: Path, dtype: torch.dtype, device: torch.device | str
     rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling).to(
         device
     )
+    _, backend = select_attention_backend(device)
     for layer in model.layers:
         layer.self_attn.rope = rope
+        layer.self_attn.attention_backend = backend
     load_safetensors_weights(model, directory)
     # RMSNorm weights stay in the model dtype; the norm itself computes in float32.
     return model.eval().requires_grad_(False)

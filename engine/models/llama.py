@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import AttentionMetadata, paged_attention
+from ..attention import AttentionBackend, AttentionMetadata, paged_attention
 from .arch import ArchConfig
 from .rope import RotaryEmbedding
 
@@ -45,6 +45,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.rope = rope
         self.scale = cfg.head_dim**-0.5
+        self.attention_backend: AttentionBackend = paged_attention  # set per device by the loader
 
     def forward(
         self,
@@ -61,7 +62,7 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rope(positions, q, k)
-        out = paged_attention(q, k, v, cache[0], cache[1], meta, self.scale)  # [T, H * D]
+        out = self.attention_backend(q, k, v, cache[0], cache[1], meta, self.scale)  # [T, H * D]
         return self.o_proj(out)
 
 

@@ -51,3 +51,9 @@ def test_logits_match_transformers(tmp_path, arch):
         out = _run(model, [(b2, 1), (a2, 1)], kv, [tables[1], tables[0]])
         assert (out[0] - ref_b2).abs().max() < 1e-4
         assert (out[1] - ref_a2).abs().max() < 1e-4
+
+
+def test_attention_backend_selection():
+    from specserve.engine.attention import paged_attention, select_attention_backend
+
+    assert select_attention_backend("cpu") == ("torch_sdpa", paged_attention)

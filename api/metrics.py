@@ -18,7 +18,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from specserve.engine.engine_core import EngineCore
@@ -91,6 +91,8 @@ class _Snapshot:
 class MetricsExporter:
     def __init__(self, model_name: str, core: EngineCore):
         self.registry = CollectorRegistry()
+        # process_resident_memory_bytes & co.: what a soak watches for leaks (Linux /proc based).
+        ProcessCollector(registry=self.registry)
         self.model_name = model_name
         self.proposer = core.proposer_name
         r, m = self.registry, ["model_name"]

@@ -125,11 +125,12 @@ def test_series_exist_before_traffic(run):
 
 def test_label_sets(run):
     _, _, _, _, after, _ = run
+    assert after["process_resident_memory_bytes"], "process metrics (RSS for soak tests) are exported"
     for name, series in after.items():
+        if name == "specserve:cache_config_info" or not name.startswith("specserve:"):
+            continue  # the info metric, and the standard process_* series
         for labels in series:
             keys = dict(labels).keys()
-            if name == "specserve:cache_config_info":
-                continue
             assert "model_name" in keys, name
             assert ("proposer" in keys) == name.startswith("specserve:spec_decode_"), name
     value(after, "specserve:spec_decode_num_drafts_total", model_name=MODEL, proposer="ngram")

@@ -83,6 +83,13 @@ SPEC_FLAGS = [
     Flag("ngram_min", int, 1, "shortest n-gram matched by prompt lookup", "speculative decoding"),
     Flag("ngram_max", int, 4, "longest n-gram matched by prompt lookup", "speculative decoding"),
     Flag("medusa_heads_path", str, None, "directory with a Medusa-1 head checkpoint", "speculative decoding"),
+    Flag(
+        "speculative_disable_batch_size",
+        int,
+        None,
+        "stop drafting while this many requests run (big batches are compute-bound)",
+        "speculative decoding",
+    ),
 ]
 
 ENGINE_FLAGS = [
@@ -111,7 +118,13 @@ ENGINE_FLAGS = [
     Flag("max_batch_size", int, 32, "most requests running at once", "engine"),
     Flag("max_num_batched_tokens", int, None, "token budget per step (default 2048)", "engine"),
     Flag("seed", int, 0, "engine seed for requests without their own", "engine"),
-    Flag("num_threads", int, None, "CPU threads for torch (default: torch's; 1 is faster on a busy machine)", "engine"),
+    Flag(
+        "num_threads",
+        int,
+        None,
+        "CPU threads for torch (default: torch's; 1 is faster on a busy machine)",
+        "engine",
+    ),
     Flag(
         "cache_dir",
         str,

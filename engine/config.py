@@ -47,6 +47,7 @@ class EngineConfig:
     ngram_min: int = 1
     ngram_max: int = 4
     medusa_heads_path: str | None = None
+    speculative_disable_batch_size: int | None = None
     block_size: int = 16
     device_memory_utilization: float = 0.9
     max_kv_cache_tokens: int | None = None
@@ -78,6 +79,8 @@ class EngineConfig:
             raise ValueError("--ngram-min must be >= 1 and <= --ngram-max")
         if self.max_batch_size < 1:
             raise ValueError("--max-batch-size must be >= 1")
+        if self.speculative_disable_batch_size is not None and self.speculative_disable_batch_size < 1:
+            raise ValueError("--speculative-disable-batch-size must be >= 1")
         for spec in (self.model, self.draft):
             if spec is not None and spec.quantization_encoding not in ENCODINGS:
                 raise ValueError(

@@ -62,6 +62,7 @@ class EngineCore:
                 enable_chunked_prefill=config.enable_chunked_prefill,
                 max_length=self.max_length,
                 num_speculative_tokens=config.num_speculative_tokens if self.proposer else 0,
+                speculative_disable_batch_size=config.speculative_disable_batch_size,
             ),
             self.kv_manager,
         )

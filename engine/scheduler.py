@@ -23,6 +23,9 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     max_length: int = 2048
     num_speculative_tokens: int = 0  # 0 = no speculation
+    # Stop proposing while this many requests run: a big batch is compute-bound, so verifying rejected
+    # drafts costs more than it saves (vLLM's speculative_disable_by_batch_size). None = never.
+    speculative_disable_batch_size: int | None = None
 
 
 @dataclass
@@ -72,6 +75,9 @@ class Scheduler:
     def lookahead_for(self, request: Request) -> int:
         """Draft tokens this request may get this step (0 outside decode)."""
         if not request.in_decode or not request.params.speculative_enabled:
+            return 0
+        limit = self.config.speculative_disable_batch_size
+        if limit is not None and len(self.running) >= limit:
             return 0
         k = request.params.num_speculative_tokens
         k = self.config.num_speculative_tokens if k is None else min(k, self.config.num_speculative_tokens)

@@ -210,3 +210,15 @@ def test_random_operations_keep_invariants(ops, chunked, prefix, num_blocks):
         s.finish(r, FinishReason.ABORT)
     assert not s.has_unfinished()
     assert s.kv.num_free_blocks == num_blocks
+
+
+def test_speculation_pauses_for_large_batches():
+    s = _make(num_speculative_tokens=3, speculative_disable_batch_size=2)
+    s.add_request(_req("a", 4, max_tokens=20))
+    _advance(s, s.schedule())
+    assert s.schedule().scheduled[0].num_lookahead_tokens == 3  # alone: drafts
+    s.add_request(_req("b", 4, max_tokens=20, first=50))
+    out = s.schedule()
+    _advance(s, out)
+    out = s.schedule()  # two running: at the limit, no drafts for anyone
+    assert [x.num_lookahead_tokens for x in out.scheduled] == [0, 0]

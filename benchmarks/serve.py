@@ -254,8 +254,10 @@ class Launched:
                 self.process.wait(10)
 
 
-def launch_server(server_args: list[str], log_dir: Path, timeout_s: float) -> Launched:
-    log_path = log_dir / "server.log"
+def launch_server(
+    server_args: list[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None
+) -> Launched:
+    """Start `specserve serve` on 127.0.0.1 (free port) and wait for its ready line (also used by tests)."""
     cmd = [
         sys.executable,
         "-m",
@@ -268,7 +270,7 @@ def launch_server(server_args: list[str], log_dir: Path, timeout_s: float) -> La
         *server_args,
     ]
     log = open(log_path, "w")  # noqa: SIM115 - owned by the server process for its lifetime
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or dict(os.environ))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         text = log_path.read_text(errors="replace")
@@ -451,7 +453,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str], server_args: list[s
     try:
         if args.launch:
             log_dir = Path(tempfile.mkdtemp(prefix="specserve-bench-"))
-            launched = launch_server(server_args, log_dir, args.launch_timeout)
+            launched = launch_server(server_args, log_dir / "server.log", args.launch_timeout)
             base_url = launched.base_url
         else:
             base_url = check_loopback(args.base_url)

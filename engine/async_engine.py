@@ -71,13 +71,6 @@ class AsyncEngine:
         self._wake.set()
         return len(ids)
 
-    async def generate(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
-    ) -> AsyncIterator[RequestOutput]:
-        queue = self.submit(prompt_token_ids, params, request_id)
-        async for out in self.stream(queue, request_id):
-            yield out
-
     async def stream(self, queue: asyncio.Queue, request_id: str) -> AsyncIterator[RequestOutput]:
         """Outputs of a submitted request until it finishes; leaving early aborts it."""
         finished = False

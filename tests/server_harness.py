@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from specserve.benchmarks.serve import launch_server
 
 
 @dataclass
@@ -44,35 +44,12 @@ def start_server(
 ) -> RunningServer:
     """Launch the server with a tiny float32 model and a fixed KV cache; wait for the ready line."""
     log_path = log_dir / f"server-{time.monotonic_ns()}.log"
-    args = [
-        sys.executable,
-        "-m",
-        "specserve.api.cli",
-        "serve",
-        "--model-path",
-        str(model_dir),
-        "--quantization-encoding",
-        "float32",
-        "--max-kv-cache-tokens",
-        "8192",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--log-stats-interval",
-        "0",
+    flags = [
+        "--model-path", str(model_dir),
+        "--quantization-encoding", "float32",
+        "--max-kv-cache-tokens", "8192",
+        "--log-stats-interval", "0",
         *extra,
-    ]
-    log = open(log_path, "w")  # noqa: SIM115 - owned by the process for its lifetime
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    deadline = time.monotonic() + startup_timeout
-    while time.monotonic() < deadline:
-        text = log_path.read_text(errors="replace")
-        m = re.search(r"Server ready on (http://[\d.]+:\d+)", text)
-        if m:
-            return RunningServer(proc, m.group(1), log_path)
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{text[-3000:]}")
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"server not ready within {startup_timeout} s:\n{log_path.read_text()[-3000:]}")
+    ]  # fmt: skip
+    launched = launch_server(flags, log_path, startup_timeout, env={**os.environ, **(env or {})})
+    return RunningServer(launched.process, launched.base_url, log_path)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from specserve.engine.config import ENCODINGS
+from specserve.engine.config import ENCODINGS, INT4_GROUP_SIZES
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,7 @@ class Flag:
     default: Any
     help: str
     group: str
-    choices: tuple[str, ...] | None = None
+    choices: tuple[Any, ...] | None = None
     aliases: tuple[str, ...] = ()
 
     @property
@@ -44,6 +44,14 @@ MODEL_FLAGS = [
         aliases=("--dtype",),
     ),
     Flag("devices", str, "cpu", "cpu, gpu or gpu:N", "model"),
+    Flag(
+        "int4_group_size",
+        int,
+        64,
+        "int4 only: weights per scale/zero (GGUF Q4_0/Q4_1/Q4_K layers keep their own 32)",
+        "model",
+        choices=INT4_GROUP_SIZES,
+    ),
 ]
 
 # Each model flag has a --draft- twin configuring the draft model independently (default: the target's).

@@ -80,6 +80,7 @@ def engine_config_from(settings: BaseSettings) -> EngineConfig:
         weight_path=s.weight_path,
         quantization_encoding=s.quantization_encoding,
         devices=s.devices,
+        int4_group_size=s.int4_group_size,
     )
     draft = None
     if s.draft_model_path or s.draft_weight_path:
@@ -88,6 +89,7 @@ def engine_config_from(settings: BaseSettings) -> EngineConfig:
             weight_path=s.draft_weight_path,
             quantization_encoding=s.draft_quantization_encoding or s.quantization_encoding,
             devices=s.draft_devices or s.devices,
+            int4_group_size=s.draft_int4_group_size or s.int4_group_size,
         )
     config = EngineConfig(
         model=target,

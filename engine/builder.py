@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .config import EngineConfig, ModelSpec
+from .config import QUANTIZED_ENCODINGS, EngineConfig, ModelSpec
 from .memory import (
     current_rss_bytes,
     module_bytes,
@@ -18,8 +18,9 @@ from .memory import (
 )
 from .models import ArchConfig, KVCache, LlamaForCausalLM
 from .models.factory import load_decoder
-from .models.loader import resolve_model
+from .models.loader import default_cache_dir, resolve_model
 from .proposer import Proposer, ProposerContext
+from .quantized_loading import plan_quantized_load, quantize_loaded_model
 from .runner import SequenceInput, forward_sequences
 from .tokenizer import Tokenizer
 
@@ -35,19 +36,24 @@ class LoadedModel:
 
 
 def load_model(spec: ModelSpec, cache_dir: str | None) -> LoadedModel:
-    resolved = resolve_model(
-        spec.model_path,
-        spec.weight_path,
-        dtype=spec.dtype,
-        cache_dir=Path(cache_dir) if cache_dir else None,
-    )
+    cache_root = Path(cache_dir).expanduser().absolute() if cache_dir else default_cache_dir().absolute()
+    resolved = resolve_model(spec.model_path, spec.weight_path, dtype=spec.dtype, cache_dir=cache_root)
     if resolved.notice:
         logger.warning(resolved.notice)
-    model = load_decoder(resolved.directory, spec.dtype, spec.device)
-    if spec.quantization_encoding in ("int8", "int4"):
-        from .quantization import quantize_model
-
-        quantize_model(model, spec.quantization_encoding)
+    if spec.quantization_encoding not in QUANTIZED_ENCODINGS:
+        model = load_decoder(resolved.directory, spec.dtype, spec.device)
+        return LoadedModel(model, model.config, resolved.directory, resolved.notice)
+    plan = plan_quantized_load(
+        resolved.directory,
+        resolved.gguf_path,
+        spec.quantization_encoding,
+        spec.int4_group_size,
+        cache_root,
+    )
+    model = load_decoder(
+        resolved.directory, spec.dtype, spec.device, load_linear_weights=plan.needs_float_linears
+    )
+    quantize_loaded_model(model, plan)
     return LoadedModel(model, model.config, resolved.directory, resolved.notice)
 
 

@@ -13,6 +13,7 @@ DTYPES: dict[str, torch.dtype] = {
 }
 QUANTIZED_ENCODINGS = ("int8", "int4")
 ENCODINGS = (*DTYPES, *QUANTIZED_ENCODINGS)
+INT4_GROUP_SIZES = (32, 64, 128)  # what the int4 kernel supports (and divides hidden sizes)
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class ModelSpec:
     weight_path: str | None = None  # explicit weights file (GGUF) overriding model_path's
     quantization_encoding: str = "bfloat16"
     devices: str = "cpu"
+    int4_group_size: int = 64  # weights per (scale, zero) of int4 layers: 32, 64 or 128
 
     @property
     def dtype(self) -> torch.dtype:
@@ -86,3 +88,6 @@ class EngineConfig:
                 raise ValueError(
                     f"unknown quantization encoding {spec.quantization_encoding!r}; choose from {', '.join(ENCODINGS)}"
                 )
+            if spec is not None and spec.int4_group_size not in INT4_GROUP_SIZES:
+                sizes = ", ".join(map(str, INT4_GROUP_SIZES))
+                raise ValueError(f"--int4-group-size must be one of {sizes}, not {spec.int4_group_size}")

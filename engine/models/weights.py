@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
@@ -33,8 +34,11 @@ def _fused_offsets(model: LlamaForCausalLM, fused: str) -> list[int]:
     return [0, cfg.intermediate_size, 2 * cfg.intermediate_size]
 
 
-def load_safetensors_weights(model: LlamaForCausalLM, directory: Path) -> None:
-    """Copy every tensor of `directory/*.safetensors` into `model`; raise if any parameter stays unset."""
+def load_safetensors_weights(
+    model: LlamaForCausalLM, directory: Path, skip: Collection[str] = frozenset()
+) -> None:
+    """Copy every tensor of `directory/*.safetensors` into `model`; raise if any parameter stays
+    unset, except those named in `skip` (our parameter names), which are left unread."""
     params = dict(model.named_parameters())
     files = sorted(Path(directory).glob("*.safetensors"))
     if not files:
@@ -45,7 +49,7 @@ def load_safetensors_weights(model: LlamaForCausalLM, directory: Path) -> None:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
                     target, shard = _map_name(name)
-                    if target is None:
+                    if target is None or target in skip:
                         continue
                     if target not in params:
                         if target == "lm_head.weight" and model.config.tie_word_embeddings:
@@ -69,7 +73,7 @@ def load_safetensors_weights(model: LlamaForCausalLM, directory: Path) -> None:
                             )
                         part.copy_(tensor)
                         loaded.add(f"{target}#{shard}")
-    _check_complete(model, params, loaded)
+    _check_complete(model, {k: v for k, v in params.items() if k not in skip}, loaded)
 
 
 def _map_name(name: str) -> tuple[str | None, int | None]:

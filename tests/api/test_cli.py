@@ -89,6 +89,8 @@ def test_env_vars_configure_flags(tiny_llama_dir):
         ["generate", "--prompt", "x", "--max-num-steps", "many"],
         ["generate", "--prompt", "x", "--device-memory-utilization", "1.5"],
         ["generate", "--prompt", "x", "--quantization-encoding", "int3"],
+        ["generate", "--prompt", "x", "--int4-group-size", "48"],
+        ["generate", "--prompt", "x", "--draft-int4-group-size", "256"],
         ["generate"],
         ["generate", "--prompt", "x", "--model-path", "/no/such/dir/model"],
         ["serve", "--port", "not-a-port"],

@@ -34,7 +34,7 @@ def _vocab() -> tuple[list[str], list[int]]:
 VOCAB = len(_vocab()[0])
 
 
-def tiny_model(arch: str, *, tied: bool) -> torch.nn.Module:
+def tiny_model(arch: str, *, tied: bool, **overrides: int) -> torch.nn.Module:
     common = dict(
         vocab_size=VOCAB,
         hidden_size=64,
@@ -47,6 +47,7 @@ def tiny_model(arch: str, *, tied: bool) -> torch.nn.Module:
         rope_theta=10000.0,
         tie_word_embeddings=tied,
     )
+    common.update(overrides)
     config = {
         "llama": lambda: LlamaConfig(**common),
         "qwen2": lambda: Qwen2Config(**common),
@@ -91,6 +92,37 @@ def _gguf_name(hf: str) -> str:
         return "output.weight"
     _, _, layer, rest = hf.split(".", 3)
     return f"blk.{layer}.{_LAYER[rest]}"
+
+
+def quantize_q4_k(x: np.ndarray) -> np.ndarray:
+    """A plain Q4_K quantizer (rows of multiples of 256) -> raw blocks [rows, K/256 * 144] uint8.
+
+    Per 32-weight sub-block: min-max to codes 0..15; the eight sub-block scales and mins are then
+    quantized to 6 bits against the block's f16 d and dmin, and packed as llama.cpp packs them."""
+    rows, k = x.shape
+    sub = x.astype(np.float32).reshape(-1, 8, 32)  # [B, 8, 32]
+    lo = np.minimum(sub.min(axis=2), 0)  # [B, 8]
+    scale = np.maximum(sub.max(axis=2) - lo, 1e-8) / 15
+    d = (scale.max(axis=1, keepdims=True) / 63).astype(np.float16)  # [B, 1]
+    dmin = np.maximum((-lo).max(axis=1, keepdims=True) / 63, 1e-8).astype(np.float16)
+    sc = np.clip(np.round(scale / d.astype(np.float32)), 1, 63).astype(np.uint8)
+    mn = np.clip(np.round(-lo / dmin.astype(np.float32)), 0, 63).astype(np.uint8)
+    step = (d.astype(np.float32) * sc)[..., None]
+    offset = (dmin.astype(np.float32) * mn)[..., None]
+    q = np.clip(np.round((sub + offset) / step), 0, 15).astype(np.uint8).reshape(-1, 4, 2, 32)
+    packed = np.concatenate(
+        [
+            (sc[:, :4] & 63) | ((sc[:, 4:] >> 4) << 6),
+            (mn[:, :4] & 63) | ((mn[:, 4:] >> 4) << 6),
+            (sc[:, 4:] & 15) | ((mn[:, 4:] & 15) << 4),
+        ],
+        axis=1,
+    )  # [B, 12]
+    qs = q[:, :, 0] | (q[:, :, 1] << 4)  # [B, 4, 32]: sub-block 2j in low nibbles, 2j+1 in high
+    blocks = np.concatenate(
+        [d.view(np.uint8), dmin.view(np.uint8), packed, qs.reshape(-1, 128)], axis=1
+    )  # [B, 144]
+    return blocks.reshape(rows, k // 256 * 144)
 
 
 def write_gguf(
@@ -142,6 +174,8 @@ def write_gguf(
         qtype = (quantize or {}).get(name)
         if qtype == gguf.GGMLQuantizationType.F16:
             w.add_tensor(_gguf_name(name), data.astype(np.float16))
+        elif qtype == gguf.GGMLQuantizationType.Q4_K:  # the gguf package only dequantizes K-quants
+            w.add_tensor(_gguf_name(name), quantize_q4_k(data), raw_dtype=qtype)
         elif qtype is not None:
             w.add_tensor(_gguf_name(name), gguf.quants.quantize(data, qtype), raw_dtype=qtype)
         else:

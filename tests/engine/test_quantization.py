@@ -38,7 +38,7 @@ def test_int8_linear_matches_dequantized_reference(n, k, with_bias, dtype):
     w = torch.randn(n, k, generator=g) * 0.05
     bias = torch.randn(n, generator=g) * 0.1 if with_bias else None
     x = torch.randn(5, k, generator=g).to(dtype)  # [M, K]
-    layer = Int8Linear(w, bias)
+    layer = Int8Linear.from_float(w, bias)
     q, s = quantize_int8(w)
     assert torch.equal(layer.qweight, q) and q.abs().max() <= 127
     out = layer(x)
@@ -56,7 +56,7 @@ def test_int4_linear_matches_dequantized_reference(group_size, n, with_bias):
     w = torch.randn(n, k, generator=g) * 0.05
     bias = torch.randn(n, generator=g) * 0.1 if with_bias else None
     x = torch.randn(3, 2, k, generator=g)  # [..., K] float32: cast in and out by the layer
-    layer = Int4Linear(w, bias, group_size)
+    layer = Int4Linear.from_float(w, bias, group_size)
     q, sz = quantize_int4(w, group_size)
     assert q.min() >= 0 and q.max() <= 15 and sz.shape == (k // group_size, n, 2)
     out = layer(x)
@@ -72,7 +72,7 @@ def test_rows_do_not_depend_on_batch(encoding):
     """What lossless speculation rests on: a verification window's rows equal single-token rows."""
     g = torch.Generator().manual_seed(0)
     w = torch.randn(320, 128, generator=g) * 0.05
-    layer = Int8Linear(w) if encoding == "int8" else Int4Linear(w, group_size=32)
+    layer = Int8Linear.from_float(w) if encoding == "int8" else Int4Linear.from_float(w, group_size=32)
     x = torch.randn(9, 128, generator=g).to(torch.bfloat16)
     rows = torch.cat([layer(x[i : i + 1]) for i in range(9)])
     assert torch.equal(layer(x), rows)

@@ -105,34 +105,32 @@ def run_engine(cfg: RunConfig, args: argparse.Namespace, repeat: int) -> RunResu
     return RunResult(cfg.name, repeat, n, (n - 1) / decode_s, ttft, load_s, rate, mal, out.token_ids)
 
 
-def find_gguf(model: str, cache_dir: str | None) -> Path | None:
-    root = Path(cache_dir or os.environ.get("SPECSERVE_CACHE_DIR", Path.home() / ".cache" / "specserve"))
-    hits = sorted((root / "carriers" / model.replace("/", "--")).glob("*.gguf"))
-    return hits[0] if hits else None
-
-
 def run_llama_cpp(args: argparse.Namespace, repeat: int, gguf: Path) -> RunResult:  # pragma: no cover
-    import llama_cpp
+    """llama.cpp on the target's GGUF, from the same chat-templated prompt ids our engine sees."""
+    from specserve.engine.models.loader import resolve_model
+    from specserve.engine.tokenizer import Tokenizer
 
+    from . import llama_cpp_peer
+
+    tokenizer = Tokenizer(resolve_model(args.target, cache_dir=args.cache_dir).directory)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": CODE_PROMPT}])
     t0 = time.perf_counter()
-    llm = llama_cpp.Llama(str(gguf), n_ctx=1024, n_threads=os.cpu_count(), verbose=False)
+    llm = llama_cpp_peer.load(gguf, torch_threads(), n_ctx=1024)
+    runner = llama_cpp_peer.LlamaCppRunner(llm)
+    runner.run(ids, 4, ignore_eos=False)  # warm-up, as for the engine runs
     load_s = time.perf_counter() - t0
-    messages = [{"role": "user", "content": CODE_PROMPT}]
-    start = time.perf_counter()
-    first: float | None = None
-    n = 0
-    for _chunk in llm.create_chat_completion(
-        messages, max_tokens=args.max_tokens, temperature=0, stream=True
-    ):
-        if first is None:
-            first = time.perf_counter() - start
-        n += 1
-    elapsed = time.perf_counter() - start
-    del llm
-    ttft = first or 0.0
-    return RunResult(
-        LLAMA_CPP.name, repeat, n, (n - 1) / max(elapsed - ttft, 1e-9), ttft, load_s, None, None, []
-    )
+    out = runner.run(ids, args.max_tokens, ignore_eos=False)
+    del runner, llm
+    gc.collect()
+    n, ttft = len(out.token_ids), out.first_token_s or 0.0
+    decode_s = max(out.elapsed_s - ttft, 1e-9)
+    return RunResult(LLAMA_CPP.name, repeat, n, (n - 1) / decode_s, ttft, load_s, None, None, out.token_ids)
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 @dataclass
@@ -241,8 +239,10 @@ def summarize(results: list[RunResult], names: list[str]) -> dict[str, dict[str,
             "same_tokens_as_bf16_plain": (runs[0].token_ids == base_tokens) if runs[0].token_ids else None,
         }
     base = summary.get("bf16 plain", {}).get("decode_tok_s_median")
+    peer = summary.get(LLAMA_CPP.name, {}).get("decode_tok_s_median")
     for row in summary.values():
         row["speedup_vs_bf16_plain"] = row["decode_tok_s_median"] / base if base else None
+        row["speedup_vs_llama_cpp"] = row["decode_tok_s_median"] / peer if peer else None
     return summary
 
 
@@ -251,12 +251,14 @@ def markdown(summary: dict[str, dict[str, Any]]) -> str:
         return "-" if v is None else format(v, spec)
 
     lines = [
-        "| config | decode tok/s (median) | x bf16 plain | acceptance | mean accepted len | same tokens as bf16 |",
-        "|---|---:|---:|---:|---:|---|",
+        "| config | decode tok/s (median) | x bf16 plain | x llama.cpp | acceptance | mean accepted len"
+        " | same tokens as bf16 |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     for name, r in summary.items():
         lines.append(
             f"| {name} | {r['decode_tok_s_median']:.2f} | {fmt(r['speedup_vs_bf16_plain'], '.2f')}"
+            f" | {fmt(r.get('speedup_vs_llama_cpp'), '.2f')}"
             f" | {fmt(r['acceptance_rate'], '.2f')} | {fmt(r['mean_accepted_len'], '.2f')}"
             f" | {fmt(r['same_tokens_as_bf16_plain'], '')} |"
         )
@@ -290,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-speculative-tokens", type=int, default=5)
     parser.add_argument("--configs", default="all", help="comma-separated config names, or all")
     parser.add_argument("--cache-dir", default=os.environ.get("SPECSERVE_CACHE_DIR"))
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (llama.cpp uses as many)")
     parser.add_argument("--gguf", type=Path, default=None, help="GGUF for llama.cpp (default: the carrier's)")
     parser.add_argument("--json-out", type=Path, default=None)
     parser.add_argument("--mode", choices=["both", "e2e", "steps"], default="both")
@@ -300,15 +303,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from tqdm import tqdm
 
-    configs = CONFIGS if args.configs == "all" else [c for c in CONFIGS if c.name in args.configs.split(",")]
-    gguf = args.gguf or find_gguf(args.target, args.cache_dir)
-    try:
-        import llama_cpp  # noqa: F401
+    if args.threads:
+        import torch
 
-        if gguf is not None:
-            configs = [*configs, LLAMA_CPP]
-    except ImportError:
+        torch.set_num_threads(args.threads)
+
+    configs = CONFIGS if args.configs == "all" else [c for c in CONFIGS if c.name in args.configs.split(",")]
+    from . import llama_cpp_peer
+
+    gguf = args.gguf or llama_cpp_peer.target_gguf(args.target, args.cache_dir)
+    if not llama_cpp_peer.available():
         print("llama_cpp not importable: llama.cpp comparison skipped", file=sys.stderr)
+    elif gguf is None:
+        print(f"{args.target} is not a GGUF model: llama.cpp comparison skipped", file=sys.stderr)
+    elif args.configs == "all" or LLAMA_CPP.name in args.configs.split(","):
+        configs = [*configs, LLAMA_CPP]
     report: dict[str, Any] = {
         "target": args.target,
         "draft": args.draft,

@@ -7,6 +7,8 @@ Methods (all on the same prompt token ids, same dtype, same max new tokens):
   transformers:plain         generate(do_sample=False)
   transformers:assisted      generate(assistant_model=draft) (needs --draft-model-path)
   transformers:prompt_lookup generate(prompt_lookup_num_tokens=K)
+  llama.cpp:plain            llama-cpp-python on the target's GGUF (when importable and the target
+                             comes from a GGUF); its weights are the GGUF's quantized ones
 
 Runs are interleaved (for each repeat, for each prompt, every method in a rotated order) after a warm-up,
 so every speedup is a median of ratios between neighbouring measurements of the same prompt.
@@ -15,7 +17,6 @@ so every speedup is a median of ratios between neighbouring measurements of the 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import sys
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import llama_cpp_peer
 from . import stats as st
 from .common import (
     command_line,
@@ -41,7 +43,8 @@ from .prompt_sets import CATEGORIES, Prompt, load_prompts, parse_categories
 SCHEMA = "specserve.bench.latency/1"
 SS_PLAIN, SS_NGRAM, SS_DRAFT = "specserve:plain", "specserve:ngram", "specserve:draft_model"
 HF_PLAIN, HF_ASSISTED, HF_LOOKUP = "transformers:plain", "transformers:assisted", "transformers:prompt_lookup"
-ALL_METHODS = (SS_PLAIN, SS_NGRAM, SS_DRAFT, HF_PLAIN, HF_ASSISTED, HF_LOOKUP)
+LC_PLAIN = llama_cpp_peer.LLAMA_CPP_PLAIN
+ALL_METHODS = (SS_PLAIN, SS_NGRAM, SS_DRAFT, HF_PLAIN, HF_ASSISTED, HF_LOOKUP, LC_PLAIN)
 SHORT = {
     "plain": SS_PLAIN,
     "ngram": SS_NGRAM,
@@ -51,6 +54,8 @@ SHORT = {
     "hf_assisted": HF_ASSISTED,
     "hf_prompt_lookup": HF_LOOKUP,
     "hf_lookup": HF_LOOKUP,
+    "llama_cpp": LC_PLAIN,
+    "llama.cpp": LC_PLAIN,
 }
 logger = logging.getLogger("specserve.bench")
 
@@ -198,6 +203,7 @@ class Setup:
     tokenizer_llm: Any = None
     hf_tokenizer: Any = None
     plain_runner_for_throughput: Any = None
+    unavailable: dict[str, str] = field(default_factory=dict)  # method -> why it did not run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -324,14 +330,16 @@ def _select_methods(args: argparse.Namespace) -> list[str]:
                 raise SystemExit(f"specserve bench latency: unknown method {raw!r}")
             out.append(name)
     else:
-        out = [SS_PLAIN, SS_NGRAM, SS_DRAFT, HF_PLAIN, HF_ASSISTED, HF_LOOKUP]
+        out = [SS_PLAIN, SS_NGRAM, SS_DRAFT, HF_PLAIN, HF_ASSISTED, HF_LOOKUP, LC_PLAIN]
     if not args.draft_model_path:
         dropped = [m for m in out if m in (SS_DRAFT, HF_ASSISTED)]
         if dropped and args.methods:
             raise SystemExit(f"specserve bench latency: {', '.join(dropped)} need --draft-model-path")
         out = [m for m in out if m not in (SS_DRAFT, HF_ASSISTED)]
-    if importlib.util.find_spec("llama_cpp") is None:
-        logger.debug("llama_cpp not importable: no llama.cpp peer")
+    if LC_PLAIN in out and not llama_cpp_peer.available():
+        if args.methods:
+            raise SystemExit("specserve bench latency: llama.cpp:plain needs llama-cpp-python")
+        out.remove(LC_PLAIN)
     return list(dict.fromkeys(out))
 
 
@@ -420,6 +428,15 @@ def build_setup(args: argparse.Namespace, methods: list[str]) -> Setup:
                 if nat is not None or sched is not None
                 else "transformers' defaults for num_assistant_tokens and its schedule"
             )
+    if LC_PLAIN in methods:
+        gguf = llama_cpp_peer.target_gguf(args.model_path, args.cache_dir)
+        if gguf is None:
+            setup.unavailable[LC_PLAIN] = "the target is not loaded from a GGUF file"
+        else:
+            threads = args.threads or torch.get_num_threads()
+            llm = llama_cpp_peer.load(gguf, threads, args.max_length)
+            setup.runners[LC_PLAIN] = llama_cpp_peer.LlamaCppRunner(llm)
+            setup.notes[LC_PLAIN] = f"{gguf.name} (its own quantized weights), {threads} threads"
     del torch
     return setup
 
@@ -461,6 +478,9 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
     t_setup = time.perf_counter()
     setup = build_setup(args, methods)
+    methods = [m for m in methods if m not in setup.unavailable]
+    if not llama_cpp_peer.available():
+        setup.unavailable[LC_PLAIN] = "llama_cpp not importable"
     setup_s = time.perf_counter() - t_setup
     encoded = [encode(setup, p) for p in prompts]
     limit = _max_length(setup)
@@ -519,8 +539,12 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     # Greedy identity: each method vs the plain run of its own engine family (same prompt, same repeat).
     by_id = {p.id: p for p in prompts}
     for (m, pid, rep), res in results.items():
-        ref_key = (SS_PLAIN if m.startswith("specserve:") else HF_PLAIN, pid, rep)
-        ref = results.get(ref_key)
+        # llama.cpp runs other (quantized) weights: it has no plain of its own, only a cross check.
+        ref = (
+            None
+            if m == LC_PLAIN
+            else results.get((SS_PLAIN if m.startswith("specserve:") else HF_PLAIN, pid, rep))
+        )
         cross = results.get((HF_PLAIN if m.startswith("specserve:") else SS_PLAIN, pid, rep))
         runs.append(
             {
@@ -602,9 +626,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             "bench_s": round(bench_s, 2),
         },
         "methods": [{"name": m, "note": setup.notes.get(m)} for m in methods],
-        "unavailable": {"llama.cpp": "llama_cpp not importable"}
-        if importlib.util.find_spec("llama_cpp") is None
-        else {},
+        "unavailable": setup.unavailable,
         "skipped_prompts": skipped,
         "prompts": [
             {"id": p.id, "category": p.category, "prompt_tokens": len(ids)}

@@ -70,6 +70,7 @@ class RunResult:
     acceptance_rate: float | None
     mean_accepted_len: float | None
     token_ids: list[int]
+    k: int | None = None  # draft tokens per verification, for speculative configs
 
 
 def run_engine(cfg: RunConfig, args: argparse.Namespace, repeat: int) -> RunResult:
@@ -87,13 +88,15 @@ def run_engine(cfg: RunConfig, args: argparse.Namespace, repeat: int) -> RunResu
             speculative_method="draft_model",
             draft_model_path=args.draft,
             draft_quantization_encoding=cfg.draft_encoding,
-            num_speculative_tokens=args.num_speculative_tokens,
         )
+        if args.num_speculative_tokens is not None:  # else the engine's default for the target encoding
+            kwargs["num_speculative_tokens"] = args.num_speculative_tokens
     t0 = time.perf_counter()
     llm = LLM(args.target, **kwargs)
     llm.generate(CODE_PROMPT, SamplingParams(max_tokens=4, temperature=0))  # warm-up: first-call costs
     load_s = time.perf_counter() - t0
     out = llm.generate(CODE_PROMPT, SamplingParams(max_tokens=args.max_tokens, temperature=0))[0]
+    k_used = llm.engine.config.num_speculative_tokens
     del llm
     gc.collect()
     n = len(out.token_ids)
@@ -102,7 +105,8 @@ def run_engine(cfg: RunConfig, args: argparse.Namespace, repeat: int) -> RunResu
     spec = out.spec
     rate = spec.num_accepted_tokens / spec.num_draft_tokens if spec.num_draft_tokens else None
     mal = 1 + spec.num_accepted_tokens / spec.num_drafts if spec.num_drafts else None
-    return RunResult(cfg.name, repeat, n, (n - 1) / decode_s, ttft, load_s, rate, mal, out.token_ids)
+    k = k_used if cfg.draft_encoding else None
+    return RunResult(cfg.name, repeat, n, (n - 1) / decode_s, ttft, load_s, rate, mal, out.token_ids, k)
 
 
 def run_llama_cpp(args: argparse.Namespace, repeat: int, gguf: Path) -> RunResult:  # pragma: no cover
@@ -165,7 +169,7 @@ def measure_step_costs(args: argparse.Namespace) -> dict[str, dict[str, float]]:
 
     from specserve.engine.runner import SequenceInput, forward_sequences
 
-    ctx, block, k = 256, 16, args.num_speculative_tokens
+    ctx, block, k = 256, 16, args.num_speculative_tokens or 5
     models = []
     for enc in ("bfloat16", "int8", "int4"):
         models.append(
@@ -235,6 +239,7 @@ def summarize(results: list[RunResult], names: list[str]) -> dict[str, dict[str,
             "acceptance_rate": statistics.mean(rates) if rates else None,
             "mean_accepted_len": statistics.mean(mals) if mals else None,
             "load_s_median": statistics.median(r.load_s for r in runs),
+            "k": runs[0].k,
             # Speculation is lossless w.r.t. its target: same target encoding => same tokens expected.
             "same_tokens_as_bf16_plain": (runs[0].token_ids == base_tokens) if runs[0].token_ids else None,
         }
@@ -251,13 +256,14 @@ def markdown(summary: dict[str, dict[str, Any]]) -> str:
         return "-" if v is None else format(v, spec)
 
     lines = [
-        "| config | decode tok/s (median) | x bf16 plain | x llama.cpp | acceptance | mean accepted len"
+        "| config | K | decode tok/s (median) | x bf16 plain | x llama.cpp | acceptance | mean accepted len"
         " | same tokens as bf16 |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, r in summary.items():
         lines.append(
-            f"| {name} | {r['decode_tok_s_median']:.2f} | {fmt(r['speedup_vs_bf16_plain'], '.2f')}"
+            f"| {name} | {fmt(r.get('k'), '')} | {r['decode_tok_s_median']:.2f}"
+            f" | {fmt(r['speedup_vs_bf16_plain'], '.2f')}"
             f" | {fmt(r.get('speedup_vs_llama_cpp'), '.2f')}"
             f" | {fmt(r['acceptance_rate'], '.2f')} | {fmt(r['mean_accepted_len'], '.2f')}"
             f" | {fmt(r['same_tokens_as_bf16_plain'], '')} |"
@@ -289,7 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft", default=DRAFT)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--num-speculative-tokens", type=int, default=5)
+    parser.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        help="K for every speculative config (default: the engine's, 5 for bf16 and 3 for int4 targets;"
+        " 5 in steps mode)",
+    )
     parser.add_argument("--configs", default="all", help="comma-separated config names, or all")
     parser.add_argument("--cache-dir", default=os.environ.get("SPECSERVE_CACHE_DIR"))
     parser.add_argument("--threads", type=int, default=None, help="torch threads (llama.cpp uses as many)")
@@ -347,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode in ("both", "steps"):
         costs = measure_step_costs(args)
         report["step_costs_s"] = costs
-        report["step_estimates"] = estimate_spec(costs, summary, args.num_speculative_tokens)
+        report["step_estimates"] = estimate_spec(costs, summary, args.num_speculative_tokens or 5)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json_out:
@@ -357,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(summary))
     if "step_costs_s" in report:
         print()
-        print(markdown_steps(report["step_costs_s"], report["step_estimates"], args.num_speculative_tokens))
+        print(
+            markdown_steps(report["step_costs_s"], report["step_estimates"], args.num_speculative_tokens or 5)
+        )
     return 0
 
 

@@ -14,6 +14,11 @@ DTYPES: dict[str, torch.dtype] = {
 QUANTIZED_ENCODINGS = ("int8", "int4")
 ENCODINGS = (*DTYPES, *QUANTIZED_ENCODINGS)
 INT4_GROUP_SIZES = (32, 64, 128)  # what the int4 kernel supports (and divides hidden sizes)
+DEFAULT_NUM_SPECULATIVE_TOKENS = 5
+# PyTorch's int4/int8 CPU kernels take rows in tiles of 4 and reread every weight per tile: a
+# verification window of k + 1 <= 4 rows costs ~1.9x one row, 5-8 rows ~3.6x (Qwen 1.5B layer shapes,
+# this 2-core Xeon). So a quantized target verifies k = 3 drafts in one tile by default.
+QUANTIZED_TARGET_NUM_SPECULATIVE_TOKENS = 3
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,7 @@ class EngineConfig:
     model: ModelSpec = ModelSpec()
     draft: ModelSpec | None = None
     speculative_method: str = "auto"  # auto|none|ngram|draft_model|medusa|<plugin>|pkg.mod:Class
-    num_speculative_tokens: int = 5
+    num_speculative_tokens: int | None = None  # None: 5, or 3 for an int8/int4 target (see above)
     ngram_min: int = 1
     ngram_max: int = 4
     medusa_heads_path: str | None = None
@@ -60,6 +65,12 @@ class EngineConfig:
     max_length: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0
     cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_speculative_tokens is None:
+            quantized = self.model.quantization_encoding in QUANTIZED_ENCODINGS
+            k = QUANTIZED_TARGET_NUM_SPECULATIVE_TOKENS if quantized else DEFAULT_NUM_SPECULATIVE_TOKENS
+            object.__setattr__(self, "num_speculative_tokens", k)  # frozen: resolved once, here
 
     def resolved_method(self) -> str:
         if self.speculative_method == "auto":

@@ -145,3 +145,15 @@ def test_int4_draft_keeps_float32_target_output(tiny_llama_dir, tiny_draft_dir):
     outs = llm.generate(prompts, GREEDY, use_chat_template=False)
     assert [o.token_ids for o in outs] == plain
     assert sum(o.spec.num_accepted_tokens for o in outs) > 0  # the int4 draft is actually used
+
+
+def test_quantized_target_verifies_one_kernel_tile_by_default():
+    from specserve.engine.config import EngineConfig, ModelSpec
+
+    def k(encoding: str, explicit: int | None = None) -> int | None:
+        spec = ModelSpec(quantization_encoding=encoding)
+        return EngineConfig(model=spec, num_speculative_tokens=explicit).num_speculative_tokens
+
+    assert k("bfloat16") == k("float32") == 5
+    assert k("int4") == k("int8") == 3  # k + 1 = 4 rows: one tile of the int4/int8 CPU kernels
+    assert k("int4", explicit=5) == 5 and k("bfloat16", explicit=0) == 0

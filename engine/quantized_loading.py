@@ -185,7 +185,7 @@ def _save_packed(model: nn.Module, path: Path) -> None:
         )
         tmp.chmod(0o755)
         os.rename(tmp, path)  # atomic: a reader sees the whole cache entry or none
-    except OSError as e:
+    except Exception as e:  # a failure to cache must not fail the load itself
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         if not (path / _MANIFEST).is_file():  # another process may have won the rename

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 import gguf
@@ -182,3 +183,20 @@ def test_int4_gguf_model_speculates_losslessly(mixed_gguf: Path, tmp_path: Path)
         spec.generate(prompts, GREEDY, use_chat_template=False),
     ]
     assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]
+
+
+def test_an_unwritable_cache_costs_only_the_next_load(
+    mixed_gguf: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = tmp_path / "cache"
+    first = _load(mixed_gguf, cache, "int4")  # converts the GGUF; its packed layers are cached
+    blocker = cache / "quantized"
+    shutil.rmtree(blocker)
+    blocker.write_text("a file where the cache folder should be")
+
+    with caplog.at_level(logging.WARNING, logger="specserve.engine"):
+        second = _load(mixed_gguf, cache, "int4")
+
+    assert any("could not cache packed weights" in r.getMessage() for r in caplog.records)
+    for (name, a), (_, b) in zip(first.named_buffers(), second.named_buffers(), strict=True):
+        assert torch.equal(a, b), name

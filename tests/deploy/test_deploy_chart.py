@@ -149,6 +149,7 @@ def test_default_values():
     assert "--devices=cpu" in c["args"] and "--host=0.0.0.0" in c["args"]
     assert not any(a.startswith(("--model-path", "--draft-model-path")) for a in c["args"])  # embedded model
     assert "--speculative-method=auto" in c["args"]
+    assert not any(a.startswith("--max-num-steps") for a in c["args"])  # the engine picks K per encoding
     assert "--enable-chunked-prefill" in c["args"]
     assert "nvidia.com/gpu" not in json.dumps(c["resources"])
     assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"]

@@ -94,7 +94,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - {{ printf "--draft-quantization-encoding=%v" (.) | quote }}
 {{- end }}
 - {{ printf "--speculative-method=%v" (.Values.speculative.method) | quote }}
+{{- if not (kindIs "invalid" .Values.speculative.maxNumSteps) }}
 - {{ printf "--max-num-steps=%v" (int64 .Values.speculative.maxNumSteps) | quote }}
+{{- end }}
 - {{ printf "--device-memory-utilization=%v" (.Values.engine.deviceMemoryUtilization) | quote }}
 {{- if .Values.engine.enableChunkedPrefill }}
 - "--enable-chunked-prefill"

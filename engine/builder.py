@@ -38,9 +38,16 @@ class LoadedModel:
 def load_model(spec: ModelSpec, cache_dir: str | None) -> LoadedModel:
     cache_root = Path(cache_dir).expanduser().absolute() if cache_dir else default_cache_dir().absolute()
     resolved = resolve_model(spec.model_path, spec.weight_path, dtype=spec.dtype, cache_dir=cache_root)
+    quantized = spec.quantization_encoding in QUANTIZED_ENCODINGS
     if resolved.notice:
-        logger.warning(resolved.notice)
-    if spec.quantization_encoding not in QUANTIZED_ENCODINGS:
+        # The float copy still serves embeddings and norms; say where the linear layers come from.
+        suffix = (
+            f"; {spec.quantization_encoding} linear layers built from the GGUF itself"
+            if quantized and resolved.gguf_path is not None
+            else ""
+        )
+        logger.warning(resolved.notice + suffix)
+    if not quantized:
         model = load_decoder(resolved.directory, spec.dtype, spec.device)
         return LoadedModel(model, model.config, resolved.directory, resolved.notice)
     plan = plan_quantized_load(

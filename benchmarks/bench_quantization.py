@@ -111,6 +111,8 @@ def run_engine(cfg: RunConfig, args: argparse.Namespace, repeat: int) -> RunResu
 
 def run_llama_cpp(args: argparse.Namespace, repeat: int, gguf: Path) -> RunResult:  # pragma: no cover
     """llama.cpp on the target's GGUF, from the same chat-templated prompt ids our engine sees."""
+    import torch
+
     from specserve.engine.models.loader import resolve_model
     from specserve.engine.tokenizer import Tokenizer
 
@@ -119,7 +121,7 @@ def run_llama_cpp(args: argparse.Namespace, repeat: int, gguf: Path) -> RunResul
     tokenizer = Tokenizer(resolve_model(args.target, cache_dir=args.cache_dir).directory)
     ids = tokenizer.apply_chat_template([{"role": "user", "content": CODE_PROMPT}])
     t0 = time.perf_counter()
-    llm = llama_cpp_peer.load(gguf, torch_threads(), n_ctx=1024)
+    llm = llama_cpp_peer.load(gguf, torch.get_num_threads(), n_ctx=1024)
     runner = llama_cpp_peer.LlamaCppRunner(llm)
     runner.run(ids, 4, ignore_eos=False)  # warm-up, as for the engine runs
     load_s = time.perf_counter() - t0
@@ -129,12 +131,6 @@ def run_llama_cpp(args: argparse.Namespace, repeat: int, gguf: Path) -> RunResul
     n, ttft = len(out.token_ids), out.first_token_s or 0.0
     decode_s = max(out.elapsed_s - ttft, 1e-9)
     return RunResult(LLAMA_CPP.name, repeat, n, (n - 1) / decode_s, ttft, load_s, None, None, out.token_ids)
-
-
-def torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
 
 
 @dataclass

@@ -18,7 +18,7 @@ from .memory import (
 )
 from .models import ArchConfig, KVCache, LlamaForCausalLM
 from .models.factory import load_decoder
-from .models.loader import default_cache_dir, resolve_model
+from .models.loader import resolve_cache_dir, resolve_model
 from .proposer import Proposer, ProposerContext
 from .quantized_loading import plan_quantized_load, quantize_loaded_model
 from .runner import SequenceInput, forward_sequences
@@ -36,7 +36,7 @@ class LoadedModel:
 
 
 def load_model(spec: ModelSpec, cache_dir: str | None) -> LoadedModel:
-    cache_root = Path(cache_dir).expanduser().absolute() if cache_dir else default_cache_dir().absolute()
+    cache_root = resolve_cache_dir(cache_dir or None)
     resolved = resolve_model(spec.model_path, spec.weight_path, dtype=spec.dtype, cache_dir=cache_root)
     quantized = spec.quantization_encoding in QUANTIZED_ENCODINGS
     if resolved.notice:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .config import INT4_GROUP_SIZES
+from .config import INT4_GROUP_SIZES, QUANTIZED_ENCODINGS
 
 logger = logging.getLogger("specserve.engine")
 
@@ -245,7 +245,7 @@ def quantize_weight(
 
 
 def check_encoding(encoding: str, group_size: int) -> None:
-    if encoding not in ("int8", "int4"):
+    if encoding not in QUANTIZED_ENCODINGS:
         raise ValueError(f"weight-only quantization is int8 or int4, not {encoding!r}")
     if group_size not in INT4_GROUP_SIZES:
         raise ValueError(f"int4 group size must be one of {INT4_GROUP_SIZES}, not {group_size}")

@@ -90,14 +90,14 @@ def _cache_key(source_dir: Path, gguf_path: Path | None, encoding: str, group_si
 
 
 @torch.no_grad()
-def quantize_loaded_model(model: nn.Module, plan: QuantizedLoadPlan) -> str:
+def quantize_loaded_model(model: nn.Module, plan: QuantizedLoadPlan) -> None:
     """Give `model` (loaded with or without its float linear weights, per the plan) its quantized
-    layers; returns where they came from: "cache", "gguf" or "float"."""
+    layers: from the packed cache, else from the GGUF's blocks or the model's own float weights."""
     if plan.cached:
         assert plan.cache_path is not None
         _load_packed(model, plan.cache_path)
         logger.info("loaded packed %s weights from %s", plan.encoding, plan.cache_path)
-        return "cache"
+        return
     replace = None
     if plan.gguf_path is not None:
         replace = gguf_replacer(
@@ -106,7 +106,6 @@ def quantize_loaded_model(model: nn.Module, plan: QuantizedLoadPlan) -> str:
     quantize_model(model, plan.encoding, plan.group_size, replace)
     if plan.cache_path is not None:
         _save_packed(model, plan.cache_path)
-    return "gguf" if replace else "float"
 
 
 # ---------------------------------------------------------------------------------------------------

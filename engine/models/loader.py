@@ -31,6 +31,7 @@ __all__ = [
     "ModelLoadError",
     "ResolvedModel",
     "default_cache_dir",
+    "resolve_cache_dir",
     "download_model",
     "list_known_models",
     "resolve_model",
@@ -63,6 +64,11 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("SPECSERVE_CACHE_DIR") or "~/.cache/specserve").expanduser()
 
 
+def resolve_cache_dir(cache_dir: Path | str | None) -> Path:
+    """The absolute cache root: `cache_dir` if given, else the default."""
+    return (Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()).absolute()
+
+
 def resolve_model(
     model_path: str | None,
     weight_path: str | None = None,
@@ -72,7 +78,7 @@ def resolve_model(
     offline: bool | None = None,
 ) -> ResolvedModel:
     # Absolute, so the returned directory does not depend on the caller's working directory later.
-    cache = (Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()).absolute()
+    cache = resolve_cache_dir(cache_dir)
     model = model_path or DEFAULT_MODEL
     if weight_path:
         return _resolve_weight_path(Path(weight_path).expanduser(), model_path, dtype, cache, offline)
@@ -211,7 +217,7 @@ def _resolve_hub_id(hub_id: str, dtype: torch.dtype, cache: Path, offline: bool 
 
 def list_known_models(cache_dir: Path | None = None) -> list[tuple[str, str, bool]]:
     """(hub id, carrier package(s), cached) for every model a carrier can supply."""
-    cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    cache = resolve_cache_dir(cache_dir)
     return [
         (c.hub_id, c.label, is_cached(c, cache) or hub.from_hf_cache(c.hub_id) is not None) for c in CARRIERS
     ]

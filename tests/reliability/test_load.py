@@ -53,11 +53,11 @@ async def test_load_rounds_no_loss_no_leak(tiny_llama_dir, server_logs):
             rss.append(rss_bytes(pid))
         print(f"RSS MiB: baseline {baseline / MiB:.0f}, rounds {[round(r / MiB) for r in rss]}")
         assert sum(s["refused"] for s in summaries) > 0, "the admission limit was never reached"
-        # Back near the pre-load level, and no upward trend across the rounds. The first full round
-        # may still raise RSS once (allocator arenas and buffers reaching their working size: one CI
-        # run saw +22.8 MiB, then +1.3 MiB); a leak would add about as much again every round.
+        # Back near the pre-load level, and no upward trend across the rounds. RSS after a round
+        # moves by ~20 MiB either way with allocator arenas (CI runs saw 388/411/413 and 432/409/431
+        # MiB): a leak shows as the last round setting a new high, not as one round above another.
         assert max(rss) <= baseline * 1.10 + 48 * MiB, (baseline, rss)
-        assert rss[2] - rss[1] <= 16 * MiB, rss
+        assert rss[2] - max(rss[:2]) <= 16 * MiB, rss
         assert srv.process.poll() is None
     finally:
         assert srv.stop() == 0

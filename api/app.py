@@ -42,6 +42,11 @@ async def error_middleware(request: web.Request, handler):
         return error_response(exc.status, f"{message} ({request.method} {request.path})")
     except asyncio.CancelledError:
         raise
+    except ConnectionError:
+        # The client hung up while we wrote headers or a chunk, before aiohttp's handler cancellation
+        # reached us: the generation was already aborted in the handler's cleanup, nothing failed here.
+        logger.debug("client disconnected during %s %s", request.method, request.path)
+        return web.Response(status=499, reason="Client Closed Request")
     except Exception:
         logger.exception("internal error on %s %s", request.method, request.path)
         return error_response(500, "internal server error", code="internal_error")

@@ -219,8 +219,11 @@ def estimate_spec(
 
 def summarize(results: list[RunResult], names: list[str]) -> dict[str, dict[str, Any]]:
     summary: dict[str, dict[str, Any]] = {}
-    base_runs = [r for r in results if r.config == "bf16 plain"]
-    base_tokens = base_runs[0].token_ids if base_runs else None
+    configs = {c.name: c for c in [*CONFIGS, LLAMA_CPP]}
+    first_tokens = {}  # config name -> token ids of its first repeat
+    for r in results:
+        first_tokens.setdefault(r.config, r.token_ids)
+    base_tokens = first_tokens.get("bf16 plain")
     for name in names:
         runs = [r for r in results if r.config == name]
         if not runs:
@@ -236,8 +239,11 @@ def summarize(results: list[RunResult], names: list[str]) -> dict[str, dict[str,
             "mean_accepted_len": statistics.mean(mals) if mals else None,
             "load_s_median": statistics.median(r.load_s for r in runs),
             "k": runs[0].k,
-            # Speculation is lossless w.r.t. its target: same target encoding => same tokens expected.
-            "same_tokens_as_bf16_plain": (runs[0].token_ids == base_tokens) if runs[0].token_ids else None,
+            "same_tokens_as_bf16_plain": runs[0].token_ids == base_tokens if base_tokens else None,
+            # Speculation is lossless w.r.t. its target: the plain run of the same target encoding.
+            "same_tokens_as_own_plain": _same_as_own_plain(
+                configs.get(name), runs[0].token_ids, first_tokens
+            ),
         }
     base = summary.get("bf16 plain", {}).get("decode_tok_s_median")
     peer = summary.get(LLAMA_CPP.name, {}).get("decode_tok_s_median")
@@ -247,14 +253,25 @@ def summarize(results: list[RunResult], names: list[str]) -> dict[str, dict[str,
     return summary
 
 
+def _same_as_own_plain(
+    cfg: RunConfig | None, token_ids: list[int], first_tokens: dict[str, list[int]]
+) -> bool | None:
+    if cfg is None or cfg.draft_encoding is None or cfg.llama_cpp:
+        return None
+    plain = next(
+        (c.name for c in CONFIGS if c.target_encoding == cfg.target_encoding and not c.draft_encoding), None
+    )
+    return token_ids == first_tokens[plain] if plain in first_tokens else None
+
+
 def markdown(summary: dict[str, dict[str, Any]]) -> str:
     def fmt(v: Any, spec: str) -> str:
         return "-" if v is None else format(v, spec)
 
     lines = [
         "| config | K | decode tok/s (median) | x bf16 plain | x llama.cpp | acceptance | mean accepted len"
-        " | same tokens as bf16 |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        " | same tokens as bf16 plain | same tokens as own plain |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for name, r in summary.items():
         lines.append(
@@ -262,7 +279,7 @@ def markdown(summary: dict[str, dict[str, Any]]) -> str:
             f" | {fmt(r['speedup_vs_bf16_plain'], '.2f')}"
             f" | {fmt(r.get('speedup_vs_llama_cpp'), '.2f')}"
             f" | {fmt(r['acceptance_rate'], '.2f')} | {fmt(r['mean_accepted_len'], '.2f')}"
-            f" | {fmt(r['same_tokens_as_bf16_plain'], '')} |"
+            f" | {fmt(r['same_tokens_as_bf16_plain'], '')} | {fmt(r.get('same_tokens_as_own_plain'), '')} |"
         )
     return "\n".join(lines)
 
@@ -316,7 +333,12 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
 
-    configs = CONFIGS if args.configs == "all" else [c for c in CONFIGS if c.name in args.configs.split(",")]
+    known = [c.name for c in [*CONFIGS, LLAMA_CPP]]
+    wanted = known if args.configs == "all" else [n.strip() for n in args.configs.split(",")]
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        parser.error(f"unknown config {unknown[0]!r}; choose from: {', '.join(known)}")
+    configs = [c for c in CONFIGS if c.name in wanted]
     from . import llama_cpp_peer
 
     gguf = args.gguf or llama_cpp_peer.target_gguf(args.target, args.cache_dir)
@@ -324,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         print("llama_cpp not importable: llama.cpp comparison skipped", file=sys.stderr)
     elif gguf is None:
         print(f"{args.target} is not a GGUF model: llama.cpp comparison skipped", file=sys.stderr)
-    elif args.configs == "all" or LLAMA_CPP.name in args.configs.split(","):
+    elif LLAMA_CPP.name in wanted:
         configs = [*configs, LLAMA_CPP]
     report: dict[str, Any] = {
         "target": args.target,

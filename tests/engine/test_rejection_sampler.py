@@ -56,7 +56,7 @@ def test_first_emitted_token_follows_target_distribution(with_draft_probs):
 
     Whatever the draft, the first emitted token must be distributed as p_0 (total variation < 0.01).
     """
-    vocab, n = 6, 200_000
+    vocab, n = 6, 80_000
     p, q = _random_case(1, vocab, k=1)
     gen = torch.Generator().manual_seed(7)
     if with_draft_probs:
@@ -81,7 +81,7 @@ def test_first_emitted_token_follows_target_distribution(with_draft_probs):
 
 def test_two_token_sequences_follow_target():
     """With 2 drafts, the joint law of the first two emitted tokens is p_0 x p_1 (independent p here)."""
-    vocab, n = 4, 200_000
+    vocab, n = 4, 80_000
     g = torch.Generator().manual_seed(3)
     p = torch.softmax(torch.randn(3, vocab, generator=g), dim=-1)
     q = torch.softmax(torch.randn(2, vocab, generator=g), dim=-1)

@@ -10,9 +10,8 @@ import torch
 
 from .config import QUANTIZED_ENCODINGS, EngineConfig, ModelSpec
 from .memory import (
-    current_rss_bytes,
+    estimate_activation_bytes,
     module_bytes,
-    peak_rss_bytes,
     plan_num_blocks,
     total_device_memory,
 )
@@ -94,9 +93,16 @@ def plan_kv_cache(
                 f" --max-length {max_length} (needs {blocks_per_seq * config.block_size} tokens)"
             )
         return KVPlan(num_blocks, bytes_per_block, 0)
-    activation = _profile_activation_bytes(
-        target, max_num_batched_tokens, max_length, config.block_size, spec.device
-    )
+    if spec.device.type == "cuda":
+        activation = _profile_activation_bytes(
+            target, max_num_batched_tokens, max_length, config.block_size, spec.device
+        )
+    else:
+        # Verification windows: every running request samples k + 1 rows in one step.
+        sample_rows = min(max_num_batched_tokens, config.max_batch_size * (config.num_speculative_tokens + 1))
+        activation = estimate_activation_bytes(
+            target.config, max_num_batched_tokens, max_length, sample_rows, dtype_bytes
+        )
     weights = module_bytes(target) + (module_bytes(proposer.model) if hasattr(proposer, "model") else 0)
     num_blocks = plan_num_blocks(
         total_device_memory(spec.device),
@@ -112,7 +118,7 @@ def plan_kv_cache(
 def _profile_activation_bytes(
     model: LlamaForCausalLM, num_tokens: int, max_length: int, block_size: int, device: torch.device
 ) -> int:
-    """Run one forward at the full token budget and measure how much memory it took at its peak.
+    """Run one forward at the full token budget on CUDA and measure the allocator's peak.
 
     The budget is split into sequences no longer than max_length (positions must stay in range).
     """
@@ -131,15 +137,10 @@ def _profile_activation_bytes(
         )
         for i in range(num_seqs)
     ]
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        forward_sequences(model, cache, seqs, block_size, device)
-        return torch.cuda.max_memory_allocated(device) - before
-    before = current_rss_bytes()
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
     forward_sequences(model, cache, seqs, block_size, device)
-    # ru_maxrss is a lifetime peak: an underestimate only if an earlier phase peaked higher.
-    return max(0, peak_rss_bytes() - before)
+    return torch.cuda.max_memory_allocated(device) - before
 
 
 def build_proposer(config: EngineConfig, target: LlamaForCausalLM, tokenizer: Tokenizer) -> Proposer | None:

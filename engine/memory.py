@@ -1,11 +1,16 @@
-"""Size the KV block pool from device memory: F x total - weights - measured peak activations."""
+"""Size the KV block pool from device memory: F x total - weights - peak activations.
+
+Peak activations are measured on CUDA (one forward at the full token budget, allocator peak) and
+bounded from the shapes on CPU (`estimate_activation_bytes`).
+"""
 
 from __future__ import annotations
 
 import os
-import resource
 
 import torch
+
+from .models.arch import ArchConfig
 
 
 class InsufficientMemoryError(RuntimeError):
@@ -16,15 +21,6 @@ def total_device_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[1]
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def current_rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def module_bytes(module: torch.nn.Module) -> int:
@@ -57,3 +53,32 @@ def plan_num_blocks(
             f" the max length needs {min_blocks}; raise --device-memory-utilization or lower --max-length"
         )
     return num_blocks
+
+
+def estimate_activation_bytes(
+    cfg: ArchConfig, num_tokens: int, max_length: int, sample_rows: int, dtype_bytes: int
+) -> int:
+    """Upper bound on one forward's transient memory at the full token budget, from shapes alone.
+
+    Used on CPU, where measuring means running that forward (30-60 s for a 1.5B model before the
+    first request) and the process's peak RSS is a lifetime high that loading may already have set.
+    Layers run one after another, so one decoder layer's intermediates are the peak; they are summed
+    as if none were freed early. The worst attention case is a prefill chunk of `per_seq` queries at
+    the end of a `max_length` context. CPU SDPA with a boolean mask takes its blocked (flash) path, so
+    the [Q, C] scores never exist whole (measured: +47 MiB peak for Q=2048, C=8192, 9 heads, where
+    float32 scores would take 576 MiB); the mask does, as bool and as the additive float it becomes.
+    """
+    per_seq = min(num_tokens, max_length)  # [Q] queries per sequence
+    num_seqs = -(-num_tokens // per_seq)  # [S]
+    tokens = num_seqs * per_seq  # [T] padded
+    h, inter, b = cfg.hidden_size, cfg.intermediate_size, dtype_bytes
+    q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    residual = tokens * h * (4 * b + 2 * 4)  # x, normed, attention and MLP outputs; float32 norm temps
+    qkv = tokens * ((q_size + 2 * kv_size) + (q_size + kv_size)) * b  # projection + rotated q, k
+    gathered = 2 * num_seqs * max_length * kv_size * b  # the context's K and V, [S, C, KVH, D]
+    attn_out = 3 * tokens * q_size * b  # padded queries, SDPA output, flattened copy
+    mask = num_seqs * per_seq * max_length * (1 + 4)  # [S, 1, Q, C] bool, and as float32
+    mlp = tokens * 4 * inter * b  # gate_up [T, 2I], silu(gate) and the product [T, I] each
+    logits = sample_rows * cfg.vocab_size * 4 * 3  # float32 logits, processed copy, probabilities
+    total = residual + qkv + gathered + attn_out + mask + mlp + logits
+    return int(total * 1.25) + (64 << 20)  # allocator slack and fragmentation

@@ -8,6 +8,9 @@ larger matmul is cheaper than three small ones.
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -124,6 +127,19 @@ class LlamaForCausalLM(nn.Module):
     def allocate_kv_cache(self, num_slots: int, dtype: torch.dtype, device: torch.device | str) -> KVCache:
         shape = (num_slots, self.config.num_kv_heads, self.config.head_dim)
         return [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            (_zeros(shape, dtype, device), _zeros(shape, dtype, device))
             for _ in range(self.config.num_layers)
         ]
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """Zeroed KV storage. On CPU it is backed by an anonymous mmap: the kernel supplies zero pages on
+    first touch, so allocating a pool sized for the whole memory budget costs nothing up front and RSS
+    grows only with the slots actually written (torch.zeros would memset, i.e. touch, every page:
+    ~3 s and 6 GiB resident for SmolLM2's default pool before the first request). Zeros, not
+    torch.empty: padded attention reads unwritten slots under a mask, and 0 x NaN garbage is NaN."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    count = math.prod(shape)
+    buffer = mmap.mmap(-1, max(1, count * dtype.itemsize))  # anonymous, private, zero-filled
+    return torch.frombuffer(buffer, dtype=dtype, count=count).view(shape)  # keeps `buffer` alive

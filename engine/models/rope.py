@@ -10,10 +10,7 @@ import torch
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     """[head_dim // 2] float32 inverse frequencies, with Llama-3 scaling applied when configured."""
-    # device="cpu" even under a `torch.device("meta")` build: arange on meta goes through torch's
-    # Python reference implementation, whose first use imports torch._dynamo (~2 s of start-up).
-    steps = torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu")
-    inv_freq = 1.0 / (theta ** (steps / head_dim))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     if not scaling:
         return inv_freq.float()
     rope_type = scaling.get("rope_type", scaling.get("type"))
@@ -42,8 +39,7 @@ class RotaryEmbedding(torch.nn.Module):
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None):
         super().__init__()
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
-        positions = torch.arange(max_positions, dtype=torch.float32, device="cpu")  # [P]
-        angles = torch.outer(positions, inv_freq)  # [P, D/2]
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # [P, D/2]
         self.register_buffer("cos", torch.cat([angles.cos(), angles.cos()], dim=-1), persistent=False)
         self.register_buffer("sin", torch.cat([angles.sin(), angles.sin()], dim=-1), persistent=False)
 

@@ -131,7 +131,8 @@ ENGINE_FLAGS = [
         "num_threads",
         int,
         None,
-        "CPU threads for torch (default: torch's; 1 is faster on a busy machine)",
+        "CPU threads for torch (default: torch's, capped by the CPU quota and affinity of the"
+        " container; 1 is faster on a busy machine)",
         "engine",
     ),
     Flag(

@@ -6,6 +6,7 @@ Flags given on the command line win over environment variables, which win over d
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Any, NoReturn
 
@@ -14,7 +15,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from specserve.engine.config import EngineConfig, ModelSpec
 
+from .cpu_threads import default_num_threads
 from .flags import Flag
+
+logger = logging.getLogger("specserve.api")
 
 
 class CliError(Exception):
@@ -69,12 +73,17 @@ def parse_settings(settings_cls: type[BaseSettings], args: argparse.Namespace) -
 
 def engine_config_from(settings: BaseSettings) -> EngineConfig:
     s = settings
+    import torch
+
     if s.num_threads is not None:
         if s.num_threads < 1:
             raise CliError("--num-threads must be >= 1")
-        import torch
-
         torch.set_num_threads(s.num_threads)  # process-wide by nature: set once, here at the boundary
+    else:
+        threads = default_num_threads(torch.get_num_threads())
+        if threads < torch.get_num_threads():
+            logger.info("using %d CPU threads (the container's CPU quota / affinity)", threads)
+            torch.set_num_threads(threads)
     target = ModelSpec(
         model_path=s.model_path,
         weight_path=s.weight_path,

@@ -27,7 +27,12 @@ GPU = {
     },
     "draftModel": {"path": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "quantizationEncoding": "int8"},
     "speculative": {"method": "draft_model", "maxNumSteps": 4},
-    "engine": {"deviceMemoryUtilization": 0.6, "enableChunkedPrefill": False, "enablePrefixCaching": True},
+    "engine": {
+        "deviceMemoryUtilization": 0.6,
+        "enableChunkedPrefill": False,
+        "enablePrefixCaching": True,
+        "numThreads": 8,
+    },
     "extraArgs": ["--max-num-steps=3"],
     "hfToken": {"existingSecret": "hf-token", "secretKey": "token"},
     "apiKey": {"existingSecret": "specserve-api", "secretKey": "key"},
@@ -150,6 +155,7 @@ def test_default_values():
     assert not any(a.startswith(("--model-path", "--draft-model-path")) for a in c["args"])  # embedded model
     assert "--speculative-method=auto" in c["args"]
     assert not any(a.startswith("--max-num-steps") for a in c["args"])  # the engine picks K per encoding
+    assert not any(a.startswith("--num-threads") for a in c["args"])  # the server reads its CPU quota
     assert "--enable-chunked-prefill" in c["args"]
     assert "nvidia.com/gpu" not in json.dumps(c["resources"])
     assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"]
@@ -179,6 +185,7 @@ def test_args_carry_model_draft_and_speculative_flags():
         "--device-memory-utilization=0.6",
         "--no-enable-chunked-prefill",
         "--enable-prefix-caching",
+        "--num-threads=8",
         "--devices=gpu",
     ):
         assert flag in args, (flag, args)
@@ -358,6 +365,7 @@ INVALID = {
     "string-replicas": ({"replicaCount": "two"}, "replicaCount"),
     "typo-key": ({"replicas": 2}, "replicas"),
     "typo-nested-key": ({"model": {"pathh": "x"}}, "pathh"),
+    "zero-threads": ({"engine": {"numThreads": 0}}, "numThreads"),
     "draft-method-without-draft": ({"speculative": {"method": "draft_model"}}, "path"),
     "bad-ingress-path": ({"ingress": {"enabled": True, "hosts": [{"paths": [{"path": "v1"}]}]}}, "path"),
     "min-above-max-replicas": (

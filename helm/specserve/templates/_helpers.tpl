@@ -106,6 +106,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if .Values.engine.enablePrefixCaching }}
 - "--enable-prefix-caching"
 {{- end }}
+{{- if not (kindIs "invalid" .Values.engine.numThreads) }}
+- {{ printf "--num-threads=%v" (int64 .Values.engine.numThreads) | quote }}
+{{- end }}
 {{- range .Values.extraArgs }}
 - {{ toString . | quote }}
 {{- end }}

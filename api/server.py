@@ -7,6 +7,7 @@ import logging
 import signal
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine_core import EngineCore
@@ -15,6 +16,28 @@ from .app import SERVING_KEY, build_app
 from .settings import CliError, engine_config_from
 
 logger = logging.getLogger("specserve.api")
+
+
+class MalformedRequestFilter(logging.Filter):
+    """aiohttp logs a client's malformed HTTP (not HTTP at all, a bad version, overlong headers) as an
+    ERROR with a traceback: any client could fill the log with them. They become one WARNING line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg = f"malformed request rejected ({record.getMessage()}): {type(exc).__name__}"
+            record.args = ()
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def http_logger() -> logging.Logger:
+    """The logger aiohttp's request handler writes its protocol errors to, with the filter above."""
+    http_log = logging.getLogger("specserve.http")
+    if not any(isinstance(f, MalformedRequestFilter) for f in http_log.filters):
+        http_log.addFilter(MalformedRequestFilter())
+    return http_log
 
 
 def run_server(settings) -> None:
@@ -45,6 +68,7 @@ async def serve(core: EngineCore, settings) -> None:
     runner = web.AppRunner(
         app,
         access_log=None,
+        logger=http_logger(),
         handle_signals=False,
         shutdown_timeout=settings.shutdown_timeout,
         handler_cancellation=True,  # a client that disconnects cancels its handler -> request aborted

@@ -110,7 +110,11 @@ ENGINE_FLAGS = [
         "engine",
     ),
     Flag(
-        "max_kv_cache_tokens", int, None, "fixed KV cache size in tokens (skips memory profiling)", "engine"
+        "max_kv_cache_tokens",
+        int,
+        None,
+        "fixed KV cache size in tokens (instead of sizing it from --device-memory-utilization)",
+        "engine",
     ),
     Flag("kv_cache_page_size", int, 16, "tokens per KV cache block", "engine"),
     Flag("enable_prefix_caching", bool, False, "reuse KV blocks of repeated prompt prefixes", "engine"),

@@ -101,7 +101,7 @@ def build_tiny_model(
 
 
 def make_llm(model_dir: Path, **kwargs):
-    """An LLM on a tiny model in float32 with a fixed, small KV cache (no memory profiling)."""
+    """An LLM on a tiny model in float32 with a fixed, small KV cache (not sized from memory)."""
     from specserve.engine import LLM
 
     kwargs.setdefault("quantization_encoding", "float32")

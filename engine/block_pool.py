@@ -2,6 +2,8 @@
 
 A freed block keeps its hash and sits in the free queue in LRU order; if a later request's prefix
 hashes to it before it is reused, it is taken back out (a prefix-cache hit) instead of recomputed.
+A freed block with no cached content goes to the front instead and is reused first: the pool's
+working set stays small (on CPU the pool's pages are only committed once written) and cache-warm.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ class BlockPool:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self._free[block_id] = None
+                if block.block_hash is None:  # nothing worth keeping: reuse this one first
+                    self._free.move_to_end(block_id, last=False)
 
     def lookup(self, block_hash: int) -> int | None:
         self.num_queries += 1

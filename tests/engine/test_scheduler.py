@@ -222,3 +222,22 @@ def test_speculation_pauses_for_large_batches():
     _advance(s, out)
     out = s.schedule()  # two running: at the limit, no drafts for anyone
     assert [x.num_lookahead_tokens for x in out.scheduled] == [0, 0]
+
+
+def test_freed_blocks_without_cached_content_are_reused_first():
+    """A server under steady load keeps touching the same few blocks, not the whole pool in turn."""
+    from specserve.engine.block_pool import BlockPool
+
+    pool = BlockPool(100, enable_caching=True)
+    first = pool.allocate(3)
+    for _ in range(5):  # request after request of the same size: the same blocks every time
+        pool.free(first)
+        again = pool.allocate(3)
+        assert sorted(again) == sorted(first)
+        first = again
+    # A block with cached content waits at the back of the queue for a prefix hit instead.
+    pool.mark_cached(first[0], block_hash=1234)
+    pool.free(first)
+    reused = pool.allocate(2)
+    assert first[0] not in reused and sorted(reused) == sorted(first[1:])
+    assert pool.lookup(1234) == first[0]

@@ -87,14 +87,16 @@ def test_cpu_activation_estimate_bounds_a_real_forward(budget, max_length):
 
 def test_cpu_kv_pool_is_zeroed_and_committed_only_where_written():
     """A pool sized for the whole memory budget must not be resident (or zero-filled) up front."""
+    import os
+
     import torch
 
+    from specserve.benchmarks.soak import rss_bytes
     from specserve.engine.models.arch import ArchConfig
     from specserve.engine.models.llama import LlamaForCausalLM
 
     def rss() -> int:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) * 1024
+        return rss_bytes(os.getpid()) or 0
 
     cfg = ArchConfig(
         architecture="LlamaForCausalLM", vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=4,

@@ -1,13 +1,19 @@
 """Turn logits into the distribution each request samples from: pure functions over [rows, vocab].
 
-Order (as vLLM): logit bias -> repetition / presence / frequency penalties -> temperature ->
-min-p -> top-k -> top-p. Speculative verification calls the same functions for every position of a
-window, with penalties counted over the tokens accepted so far in that window, so the distribution
-it verifies against is exactly the one plain decoding would sample from.
+Order: logit bias -> repetition / presence / frequency penalties -> temperature -> top-k -> top-p ->
+min-p, the order transformers' `generate` applies its warpers in. Each filter sees what the previous
+one left: top-p measures mass on the renormalised top-k survivors (p = [.4, .3, .2, .1], top_k=2,
+top_p=.5 keeps only token 0) and min-p compares against the most likely survivor. vLLM runs min-p
+before top-k/top-p; the kept sets agree except where top-p and min-p are combined. Speculative
+verification and the draft proposers call the same functions for every position of a window, with
+penalties counted over the tokens accepted so far in that window, so the distribution it verifies
+against is exactly the one plain decoding would sample from.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -53,38 +59,80 @@ def apply_penalties_and_bias(logits: torch.Tensor, rows: list[RowContext]) -> to
 
 
 def logits_to_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """[N, V] processed logits -> [N, V] probabilities after temperature, min-p, top-k, top-p.
+    """[N, V] processed logits -> [N, V] probabilities after temperature, top-k, top-p, min-p.
 
-    Greedy rows become one-hot at their argmax so that verification treats them uniformly.
+    Greedy rows become one-hot at their argmax so that verification treats them uniformly. Each
+    filter is applied only to the rows that enable it and always keeps the most likely token.
     """
-    n, vocab = logits.shape
-    temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=torch.float32)
-    probs = torch.softmax(logits / temps.unsqueeze(1), dim=-1)  # [N, V]
-    for i, p in enumerate(params):
-        if p.greedy:
-            row = torch.zeros(vocab)
-            row[int(torch.argmax(logits[i]))] = 1.0
-            probs[i] = row
-            continue
-        row = probs[i]
-        keep = torch.ones(vocab, dtype=torch.bool)
-        if p.min_p > 0:
-            keep &= row >= p.min_p * row.max()
-        if p.top_k > 0 and p.top_k < vocab:
-            kth = torch.topk(row, p.top_k).values[-1]
-            keep &= row >= kth
-        if p.top_p < 1.0:
-            sorted_probs, order = torch.sort(row, descending=True)
-            # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-            cum_before = torch.cumsum(sorted_probs, 0) - sorted_probs
-            sorted_keep = cum_before < p.top_p
-            sorted_keep[0] = True  # also when top_p rounds to 0 in float32
-            top_p_keep = torch.zeros(vocab, dtype=torch.bool)
-            top_p_keep[order] = sorted_keep
-            keep &= top_p_keep
-        row = torch.where(keep, row, torch.zeros_like(row))
-        probs[i] = row / row.sum()
+    scores = logits.float() / _temperatures(params).unsqueeze(1)  # [N, V]
+    scores = _apply_top_k(scores, params)
+    scores = _apply_top_p(scores, params)
+    scores = _apply_min_p(scores, params)
+    probs = torch.softmax(scores, dim=-1)  # [N, V]
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    if greedy:
+        rows = torch.tensor(greedy, dtype=torch.long)
+        probs[rows] = torch.nn.functional.one_hot(logits[rows].argmax(dim=-1), logits.shape[-1]).float()
     return probs
+
+
+def _temperatures(params: list[SamplingParams]) -> torch.Tensor:
+    """[N] divisor per row; greedy rows keep 1.0 (they are replaced by a one-hot row anyway)."""
+    return torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=torch.float32)
+
+
+def _rows_where(params: list[SamplingParams], enabled: Callable[[SamplingParams], bool]) -> torch.Tensor:
+    """Indices of the sampled (non-greedy) rows for which a filter is enabled."""
+    return torch.tensor([i for i, p in enumerate(params) if not p.greedy and enabled(p)], dtype=torch.long)
+
+
+def _apply_top_k(scores: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Keep the k highest scores per row; ties with the k-th score are kept too (as transformers)."""
+    vocab = scores.shape[-1]
+    rows = _rows_where(params, lambda p: 0 < p.top_k < vocab)
+    if not rows.numel():
+        return scores
+    sub = scores[rows]  # [R, V]
+    k = torch.tensor([params[i].top_k for i in rows.tolist()], dtype=torch.long)  # [R]
+    kth = sub.sort(dim=-1, descending=True).values.gather(1, (k - 1).unsqueeze(1))  # [R, 1]
+    scores[rows] = sub.masked_fill(sub < kth, -math.inf)
+    return scores
+
+
+def _apply_top_p(scores: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose renormalised mass reaches top_p.
+
+    Computed as transformers' TopPLogitsWarper does (ascending sort, drop tokens while the mass below
+    them is <= 1 - top_p) so the float32 boundary decisions are the same; tokens tied with the
+    least likely kept token are kept as well, so the set never depends on the sort's tie order.
+    """
+    rows = _rows_where(params, lambda p: p.top_p < 1.0)
+    if not rows.numel():
+        return scores
+    sub = scores[rows]  # [R, V]
+    sorted_scores = sub.sort(dim=-1).values  # [R, V] ascending
+    mass_up_to = sorted_scores.softmax(dim=-1).cumsum(dim=-1)  # [R, V]
+    limit = torch.tensor([1.0 - params[i].top_p for i in rows.tolist()], dtype=torch.float32)  # [R]
+    num_dropped = (mass_up_to <= limit.unsqueeze(1)).sum(dim=-1, keepdim=True)  # [R, 1]
+    # The most likely token always stays (also when top_p rounds to 0 in float32).
+    num_dropped = num_dropped.clamp_(max=sub.shape[-1] - 1)
+    lowest_kept = sorted_scores.gather(1, num_dropped)  # [R, 1]
+    scores[rows] = sub.masked_fill(sub < lowest_kept, -math.inf)
+    return scores
+
+
+def _apply_min_p(scores: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Drop tokens below min_p x the probability of the most likely token still in the running."""
+    rows = _rows_where(params, lambda p: p.min_p > 0)
+    if not rows.numel():
+        return scores
+    sub = scores[rows]  # [R, V]
+    probs = sub.softmax(dim=-1)  # [R, V]
+    min_p = torch.tensor([params[i].min_p for i in rows.tolist()], dtype=torch.float32)  # [R]
+    threshold = min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)  # [R, 1]
+    # The argmax compares its own probability against at most itself, so it is never dropped.
+    scores[rows] = sub.masked_fill(probs < threshold, -math.inf)
+    return scores
 
 
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> int:

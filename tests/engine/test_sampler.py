@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -37,6 +39,78 @@ def test_top_p_keeps_smallest_prefix_reaching_mass():
 
 def test_min_p_drops_unlikely_tokens():
     assert (_probs(min_p=0.2) > 0).tolist() == [True, True, True, False, False]  # >= 0.1
+
+
+def test_top_p_is_measured_after_top_k():
+    """The issue's example: top-k first, then top-p on the renormalised survivors (.4/.7 >= .5)."""
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
+    probs = logits_to_probs(logits, [SamplingParams(top_k=2, top_p=0.5)])[0]
+    assert (probs > 0).tolist() == [True, False, False, False]
+    assert probs[0].item() == pytest.approx(1.0)
+
+
+def test_min_p_is_relative_to_the_top_survivor_after_top_p():
+    # top_p=.8 keeps {0, 1, 2} (the .03 + .07 below them is <= .2); min_p=.4 then compares against
+    # the top survivor: .15 < .4 x .5 is dropped, .25 stays (renormalising by .9 changes neither).
+    assert (_probs(top_p=0.8, min_p=0.4) > 0).tolist() == [True, True, False, False, False]
+
+
+def test_ties_at_the_top_k_and_top_p_boundary_are_kept():
+    logits = torch.log(torch.tensor([[0.4, 0.2, 0.2, 0.2]]))
+    assert (logits_to_probs(logits, [SamplingParams(top_k=2)])[0] > 0).tolist() == [True] * 4
+    assert (logits_to_probs(logits, [SamplingParams(top_p=0.5)])[0] > 0).tolist() == [True] * 4
+
+
+@pytest.mark.parametrize("off", [{"top_k": 0}, {"top_k": -1}, {"top_p": 1.0}, {"min_p": 0.0}, {"top_k": 5}])
+def test_disabled_filters_keep_the_full_distribution(off):
+    assert torch.allclose(_probs(**off), torch.softmax(LOGITS[0], dim=-1))
+
+
+def _transformers_kept(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """[V] bool: the tokens transformers' own warpers, in generate()'s order, leave in the running."""
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(p.temperature)])
+    if p.top_k > 0:
+        warpers.append(TopKLogitsWarper(p.top_k))
+    if p.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(p.top_p))
+    warpers.append(MinPLogitsWarper(p.min_p))
+    return warpers(torch.zeros(1, 1, dtype=torch.long), logits.unsqueeze(0))[0] > -math.inf
+
+
+def test_kept_sets_match_transformers_logits_warpers():
+    gen = torch.Generator().manual_seed(18)
+    vocab, num_rows = 50, 400
+    params = [
+        SamplingParams(
+            temperature=float(torch.empty(1).uniform_(0.2, 2.0, generator=gen)),
+            top_k=int(torch.randint(-1, 12, (1,), generator=gen)),
+            top_p=float(torch.empty(1).uniform_(0.05, 1.0, generator=gen)) if i % 4 else 1.0,
+            min_p=float(torch.empty(1).uniform_(0.0, 0.5, generator=gen)) if i % 3 else 0.0,
+        )
+        for i in range(num_rows)
+    ]
+    # Peaked and flat rows alike: logit scales from 0.5 to 8.
+    scale = torch.empty(num_rows, 1).uniform_(0.5, 8.0, generator=gen)
+    logits = torch.randn(num_rows, vocab, generator=gen) * scale  # [N, V]
+    probs = logits_to_probs(logits, params)  # [N, V], all rows in one batch
+    for i, p in enumerate(params):
+        assert torch.equal(probs[i] > 0, _transformers_kept(logits[i], p)), (i, p)
+    assert torch.allclose(probs.sum(dim=-1), torch.ones(num_rows))
+
+
+def test_greedy_rows_stay_one_hot_beside_filtered_rows():
+    logits = torch.log(torch.tensor([[0.1, 0.6, 0.3], [0.1, 0.6, 0.3]]))
+    probs = logits_to_probs(logits, [SamplingParams(temperature=0, top_k=1), SamplingParams(top_k=2)])
+    assert probs[0].tolist() == [0, 1, 0]
+    assert (probs[1] > 0).tolist() == [False, True, True]
 
 
 def test_logit_bias_and_penalties():

@@ -19,6 +19,7 @@ from .models import ArchConfig, KVCache, LlamaForCausalLM
 from .models.factory import load_decoder
 from .models.loader import resolve_cache_dir, resolve_model
 from .proposer import Proposer, ProposerContext
+from .proposer_registry import load_proposer
 from .quantized_loading import plan_quantized_load, quantize_loaded_model
 from .runner import SequenceInput, forward_sequences
 from .tokenizer import Tokenizer
@@ -79,7 +80,7 @@ def plan_kv_cache(
 ) -> KVPlan:
     spec = config.model
     dtype_bytes = torch.finfo(spec.dtype).bits // 8
-    proposer_bytes = int(getattr(proposer, "kv_bytes_per_token", lambda: 0)()) if proposer else 0
+    proposer_bytes = proposer.kv_bytes_per_token() if proposer else 0
     bytes_per_block = config.block_size * (target.config.kv_bytes_per_token(dtype_bytes) + proposer_bytes)
     # Lookahead never passes max_length (k is capped by the tokens left), so this is a full sequence.
     blocks_per_seq = -(-max_length // config.block_size)
@@ -103,7 +104,7 @@ def plan_kv_cache(
         activation = estimate_activation_bytes(
             target.config, max_num_batched_tokens, max_length, sample_rows, dtype_bytes
         )
-    weights = module_bytes(target) + (module_bytes(proposer.model) if hasattr(proposer, "model") else 0)
+    weights = module_bytes(target) + (proposer.weight_bytes() if proposer else 0)
     num_blocks = plan_num_blocks(
         total_device_memory(spec.device),
         config.device_memory_utilization,
@@ -147,8 +148,6 @@ def build_proposer(config: EngineConfig, target: LlamaForCausalLM, tokenizer: To
     method = config.resolved_method()
     if method == "none" or config.num_speculative_tokens == 0:
         return None
-    from specserve.plugins.registry import load_proposer
-
     ctx = ProposerContext(
         config=config,
         target=target,

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .sampling_params import MAX_NUM_SPECULATIVE_TOKENS
+
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -86,8 +88,8 @@ class EngineConfig:
             raise ValueError("--device-memory-utilization must be in (0, 1]")
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
             raise ValueError("--kv-cache-page-size must be a power of two up to 128")
-        if not 0 <= self.num_speculative_tokens <= 32:
-            raise ValueError("--max-num-steps must be in [0, 32]")
+        if not 0 <= self.num_speculative_tokens <= MAX_NUM_SPECULATIVE_TOKENS:
+            raise ValueError(f"--max-num-steps must be in [0, {MAX_NUM_SPECULATIVE_TOKENS}]")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError("--ngram-min must be >= 1 and <= --ngram-max")
         if self.max_batch_size < 1:

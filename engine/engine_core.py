@@ -1,4 +1,4 @@
-"""EngineCore.step(): schedule -> propose -> verify -> update, synchronously.
+"""EngineCore.step(): schedule -> propose -> forward -> verify -> commit, synchronously.
 
 Thread safety: `add_request` and `abort` may be called from another thread (the asyncio loop) while
 `step` runs in a worker thread; they only enqueue into an inbox that `step` drains first.
@@ -18,13 +18,15 @@ from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache_manager import KVCacheManager
 from .outputs import RequestOutput, TokenLogprob
+from .proposal_check import check_proposal
 from .proposer import ProposalRequest, Proposals
 from .request import FinishReason, Request
-from .runner import SequenceInput, forward_sequences
+from .runner import forward_sequences
 from .sampler import compute_logprobs
 from .sampling_params import InvalidParameterError, SamplingParams
 from .scheduler import ScheduledRequest, Scheduler, SchedulerConfig
-from .stats import EngineStats, RequestTiming
+from .stats import EngineSnapshot, EngineStats, RequestTiming
+from .step_batch import Draft, RequestState, VerificationWindow, WindowBatch
 from .tokenizer import Tokenizer
 from .verifier import Window, verify_windows
 
@@ -36,7 +38,7 @@ class EngineCore:
         config.validate()
         self.config = config
         loaded = load_model(config.model, config.cache_dir)
-        self.model, self.arch, self.model_directory = loaded.model, loaded.arch, loaded.directory
+        self.model, self.arch = loaded.model, loaded.arch
         self.device = config.model.device
         self.tokenizer = Tokenizer(loaded.directory, self.arch.eos_token_ids)
         self.max_length = min(
@@ -52,7 +54,7 @@ class EngineCore:
         self.num_blocks = plan.num_blocks
         num_slots = plan.num_blocks * config.block_size
         self.kv_cache = self.model.allocate_kv_cache(num_slots, config.model.dtype, self.device)
-        if self.proposer is not None and hasattr(self.proposer, "bind_kv_cache"):
+        if self.proposer is not None and self.proposer.kv_bytes_per_token() > 0:
             self.proposer.bind_kv_cache(num_slots)
         self.kv_manager = KVCacheManager(plan.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
@@ -67,15 +69,12 @@ class EngineCore:
             self.kv_manager,
         )
         self.stats = EngineStats()
-        self.proposer_name = getattr(self.proposer, "name", "none") if self.proposer else "none"
+        self.proposer_name = self.proposer.name if self.proposer else "none"
+        self._bad_proposal_logged = False
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
-        self._requests: dict[str, Request] = {}
-        self._detok: dict[str, IncrementalDetokenizer] = {}
-        self._generators: dict[str, torch.Generator] = {}
-        self._token_times: dict[str, list[float]] = {}
+        self._states: dict[str, RequestState] = {}  # every request added and not yet finished
         self._seed_source = torch.Generator().manual_seed(config.seed)
         self._pending_outputs: list[RequestOutput] = []
-        self._last_hidden: dict[str, torch.Tensor] = {}
 
     # --- requests ------------------------------------------------------------------------------
     def make_request(
@@ -128,28 +127,27 @@ class EngineCore:
             if kind == "add":
                 req = item  # type: ignore[assignment]
                 assert isinstance(req, Request)
-                self._requests[req.request_id] = req
-                self._detok[req.request_id] = IncrementalDetokenizer(
-                    self.tokenizer, req.prompt_token_ids, req.params.stop
-                )
                 seed = req.params.seed
                 if seed is None:
                     seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_source))
-                self._generators[req.request_id] = torch.Generator().manual_seed(seed % 2**63)
-                self._token_times[req.request_id] = []
+                self._states[req.request_id] = RequestState(
+                    request=req,
+                    detokenizer=IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, req.params.stop),
+                    generator=torch.Generator().manual_seed(seed % 2**63),
+                )
                 self.scheduler.add_request(req)
             else:
-                req = self._requests.get(str(item))
-                if req is not None and not req.is_finished:
-                    self._finish(req, FinishReason.ABORT)
-                    self._pending_outputs.append(self._output(req, [], [], finished=True))
+                state = self._states.get(str(item))
+                if state is not None and not state.request.is_finished:
+                    self._finish(state.request, FinishReason.ABORT)
+                    self._pending_outputs.append(self._output(state.request, [], [], finished=True))
 
-    # --- the step ------------------------------------------------------------------------------
+    # --- the step: schedule -> propose -> forward -> verify -> commit ---------------------------
     def step(self) -> list[RequestOutput]:
         self._drain_inbox()
         outputs, self._pending_outputs = self._pending_outputs, []
         sched = self.scheduler.schedule()
-        self.stats.num_preemptions += len(sched.preempted)
+        self._on_preempted(sched.preempted)
         if sched.is_empty:
             return outputs
         self.stats.num_steps += 1
@@ -157,25 +155,38 @@ class EngineCore:
         for s in sched.scheduled:
             if s.request.first_scheduled_time is None:
                 s.request.first_scheduled_time = now
-        proposals = self._propose(sched.scheduled)
+        batch = WindowBatch.build(sched.scheduled, self._states, self._propose(sched.scheduled))
         try:
-            logits, hidden = self._verify_forward(sched.scheduled, proposals)
+            logits, hidden = self._forward(batch)
         except Exception as exc:  # a fault in the batch forward: fail those requests, keep serving
             logger.exception("model forward failed; failing %d requests", len(sched.scheduled))
             for s in sched.scheduled:
-                self._finish(s.request, FinishReason.ERROR)
-                outputs.append(self._output(s.request, [], [], finished=True, error=str(exc)))
+                outputs.append(self._fail(s.request, str(exc)))
             return outputs
-        outputs += self._update(sched.scheduled, proposals, logits, hidden)
-        return outputs
+        emitted = self._verify(batch, logits)
+        return outputs + self._commit(batch, emitted, logits, hidden)
 
-    def _propose(self, scheduled: list[ScheduledRequest]) -> dict[str, tuple[list[int], torch.Tensor | None]]:
+    def _on_preempted(self, preempted: list[Request]) -> None:
+        self.stats.num_preemptions += len(preempted)
+        if self.proposer is not None:
+            for req in preempted:
+                self.proposer.on_preempted(req)
+
+    def _propose(self, scheduled: list[ScheduledRequest]) -> dict[str, Draft]:
+        """Drafts per request id, validated; requests that get none are absent."""
+        if self.proposer is None:
+            return {}
+        with_hidden = self.proposer.needs_hidden_states
         batch = [
-            ProposalRequest(s.request, s.num_lookahead_tokens, self._last_hidden.get(s.request.request_id))
+            ProposalRequest(
+                s.request,
+                s.num_speculative_tokens,
+                self._states[s.request.request_id].last_hidden if with_hidden else None,
+            )
             for s in scheduled
-            if s.num_lookahead_tokens > 0
+            if s.num_speculative_tokens > 0
         ]
-        if not batch or self.proposer is None:
+        if not batch:
             return {}
         start = time.perf_counter()
         try:
@@ -184,104 +195,119 @@ class EngineCore:
             # A broken proposer costs speed, never correctness: this step decodes without drafts.
             logger.exception("proposer %s failed; decoding this step without drafts", self.proposer_name)
             self.stats.spec.proposer_errors += 1
-            for p in batch:
-                p.request.num_draft_computed_tokens = 0
             return {}
         finally:
             self.stats.spec.draft_seconds += time.perf_counter() - start
-        result = {}
+        if len(props.token_ids) != len(batch) or (props.probs and len(props.probs) != len(batch)):
+            self._reject_proposal(f"{len(props.token_ids)} proposals for a batch of {len(batch)} requests")
+            return {}
+        drafts = {}
         for i, p in enumerate(batch):
-            tokens = [int(t) for t in props.token_ids[i][: p.max_num_tokens]]
-            probs = props.probs[i] if props.probs and i < len(props.probs) else None
-            if tokens:
-                result[p.request.request_id] = (tokens, probs[: len(tokens)] if probs is not None else None)
-        return result
+            tokens = list(props.token_ids[i][: p.num_speculative_tokens])
+            probs = props.probs[i] if props.probs else None
+            problem = check_proposal(tokens, probs, self.arch.vocab_size)
+            if problem is not None:
+                self._reject_proposal(problem)
+            elif tokens:
+                drafts[p.request.request_id] = Draft(
+                    tokens, probs[: len(tokens)] if probs is not None else None
+                )
+        return drafts
 
-    def _verify_forward(
-        self, scheduled: list[ScheduledRequest], proposals: dict[str, tuple[list[int], torch.Tensor | None]]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        seqs = []
-        for s in scheduled:
-            req = s.request
-            start = req.num_computed_tokens
-            tokens = req.all_token_ids[start : start + s.num_new_tokens]
-            samples = start + s.num_new_tokens == req.num_tokens
-            drafts = proposals.get(req.request_id, ([], None))[0]
-            seqs.append(
-                SequenceInput(tokens + drafts, start, req.block_ids, len(drafts) + 1 if samples else 0)
+    def _reject_proposal(self, problem: str) -> None:
+        """A malformed proposal: its request decodes plainly this step. Logged once per proposer."""
+        self.stats.spec.proposer_errors += 1
+        if not self._bad_proposal_logged:
+            self._bad_proposal_logged = True
+            logger.error(
+                "proposer %s returned an invalid proposal (%s); those requests decode without drafts"
+                " (counted in spec_decode_proposer_errors, logged once)",
+                self.proposer_name,
+                problem,
             )
-        t0 = time.perf_counter()
-        hidden = forward_sequences(self.model, self.kv_cache, seqs, self.config.block_size, self.device)
-        with torch.inference_mode():
-            logits = self.model.compute_logits(hidden).cpu()  # [N, vocab]
-        if proposals:
-            self.stats.spec.verify_seconds += time.perf_counter() - t0
-        return logits, hidden
 
-    def _update(
-        self,
-        scheduled: list[ScheduledRequest],
-        proposals: dict[str, tuple[list[int], torch.Tensor | None]],
-        logits: torch.Tensor,
-        hidden: torch.Tensor,
-    ) -> list[RequestOutput]:
-        windows: list[Window] = []
-        rows: list[tuple[int, int]] = []  # (first logits row, number of rows) per window
-        row = 0
-        for s in scheduled:
-            req = s.request
-            sampling = req.num_computed_tokens + s.num_new_tokens == req.num_tokens
-            req.num_computed_tokens += s.num_new_tokens
-            if not sampling:
-                self.kv_manager.cache_computed_blocks(req)
-                continue
-            drafts, probs = proposals.get(req.request_id, ([], None))
-            windows.append(Window(req, drafts, probs, self._generators[req.request_id]))
-            rows.append((row, len(drafts) + 1))
-            row += len(drafts) + 1
-        if not windows:
+    def _forward(self, batch: WindowBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the target over every scheduled request; logits and hidden states of the window rows."""
+        t0 = time.perf_counter()
+        hidden = forward_sequences(
+            self.model, self.kv_cache, batch.sequences, self.config.block_size, self.device
+        )
+        with torch.inference_mode():
+            logits = self.model.compute_logits(hidden).cpu()  # [batch.num_rows, vocab]
+        if any(w.draft.token_ids for w in batch.windows):
+            self.stats.spec.verify_seconds += time.perf_counter() - t0
+        return logits, hidden  # [N, vocab], [N, hidden]
+
+    def _verify(self, batch: WindowBatch, logits: torch.Tensor) -> list[list[int]]:
+        """Emitted tokens per window (accepted drafts + one recovered or bonus token)."""
+        if not batch.windows:
             return []
-        emitted_all = verify_windows(logits, windows)
+        windows = [
+            Window(w.state.request, w.draft.token_ids, w.draft.probs, w.state.generator)
+            for w in batch.windows
+        ]
+        return verify_windows(logits, windows)
+
+    def _commit(
+        self, batch: WindowBatch, emitted_all: list[list[int]], logits: torch.Tensor, hidden: torch.Tensor
+    ) -> list[RequestOutput]:
+        """Advance every scheduled request; append the emitted tokens of those that sampled."""
+        for s in batch.scheduled:
+            req = s.request
+            req.num_computed_tokens += s.num_new_tokens
+            if req.num_computed_tokens < req.num_tokens:  # a prefill chunk that samples nothing
+                self.kv_manager.cache_computed_blocks(req)
         outputs = []
         now = time.monotonic()
-        for w, (first_row, _), emitted in zip(windows, rows, emitted_all, strict=True):
-            req = w.request
+        for w, emitted in zip(batch.windows, emitted_all, strict=True):
+            req = w.state.request
             try:
-                num_accepted = len(emitted) - 1
-                if w.draft_token_ids:
-                    req.spec.record(len(w.draft_token_ids), num_accepted)
-                    self.stats.spec.record(len(w.draft_token_ids), num_accepted)
-                    self.stats.events.acceptance_lengths.append(num_accepted + 1)
-                # The KV of the accepted drafts is valid; the rest of the window is overwritten later.
-                req.num_computed_tokens += num_accepted
-                req.num_draft_computed_tokens = min(req.num_draft_computed_tokens, req.num_computed_tokens)
-                if self.proposer is not None and self.proposer.needs_hidden_states:
-                    self._last_hidden[req.request_id] = hidden[first_row + num_accepted].clone()
-                kept, reason = self._append_tokens(req, emitted)
-                logprobs = []
-                if req.params.logprobs is not None:
-                    lp = compute_logprobs(
-                        logits[first_row : first_row + len(kept)], kept, req.params.logprobs
-                    )
-                    logprobs = [TokenLogprob(t, v, top) for t, (v, top) in zip(kept, lp, strict=True)]
-                self._token_times[req.request_id] += [now] * len(kept)
-                if req.first_token_time is None:
-                    req.first_token_time = now
-                self.stats.generation_tokens += len(kept)
-                if reason is not None:
-                    self._finish(req, reason)
-                else:
-                    self.kv_manager.cache_computed_blocks(req)
-                outputs.append(self._output(req, kept, logprobs, finished=reason is not None))
+                outputs.append(self._commit_window(w, emitted, logits, hidden, now))
             except Exception as exc:  # one request's fault stays in that request
                 logger.exception("request %s failed in update", req.request_id)
-                self._finish(req, FinishReason.ERROR)
-                outputs.append(self._output(req, [], [], finished=True, error=str(exc)))
+                outputs.append(self._fail(req, str(exc)))
         return outputs
 
-    def _append_tokens(self, req: Request, emitted: list[int]) -> tuple[list[int], FinishReason | None]:
+    def _commit_window(
+        self,
+        w: VerificationWindow,
+        emitted: list[int],
+        logits: torch.Tensor,  # [N, vocab]
+        hidden: torch.Tensor,  # [N, hidden]
+        now: float,
+    ) -> RequestOutput:
+        state, req = w.state, w.state.request
+        num_drafts, num_accepted = len(w.draft.token_ids), len(emitted) - 1
+        if num_drafts:
+            req.spec.record(num_drafts, num_accepted)
+            self.stats.spec.record(num_drafts, num_accepted)
+            self.stats.events.acceptance_lengths.append(num_accepted + 1)
+        # The KV of the accepted drafts is valid; the rest of the window is overwritten later.
+        req.num_computed_tokens += num_accepted
+        if self.proposer is not None:
+            self.proposer.on_accepted(req, num_accepted)
+            if self.proposer.needs_hidden_states:
+                state.last_hidden = hidden[w.first_row + num_accepted].clone()
+        kept, reason = self._append_tokens(state, emitted)
+        logprobs = []
+        if req.params.logprobs is not None:
+            lp = compute_logprobs(logits[w.first_row : w.first_row + len(kept)], kept, req.params.logprobs)
+            logprobs = [TokenLogprob(t, v, top) for t, (v, top) in zip(kept, lp, strict=True)]
+        state.token_times += [now] * len(kept)
+        if req.first_token_time is None:
+            req.first_token_time = now
+        self.stats.generation_tokens += len(kept)
+        if reason is not None:
+            self._finish(req, reason)
+        else:
+            self.kv_manager.cache_computed_blocks(req)
+        return self._output(req, kept, logprobs, finished=reason is not None)
+
+    def _append_tokens(
+        self, state: RequestState, emitted: list[int]
+    ) -> tuple[list[int], FinishReason | None]:
         """Append tokens one by one; a stop condition inside the window cuts it there."""
-        detok = self._detok[req.request_id]
+        req, detok = state.request, state.detokenizer
         kept: list[int] = []
         for token in emitted:
             req.output_token_ids.append(token)
@@ -296,13 +322,20 @@ class EngineCore:
                 return kept, FinishReason.LENGTH
         return kept, None
 
+    def _fail(self, req: Request, error: str) -> RequestOutput:
+        """Finish one request with an error its client sees; the rest of the batch carries on."""
+        self._finish(req, FinishReason.ERROR)
+        return self._output(req, [], [], finished=True, error=error)
+
     def _finish(self, req: Request, reason: FinishReason) -> None:
+        """Release the request everywhere; its state goes once its last output is built (_output)."""
         self.scheduler.finish(req, reason)
-        if self.proposer is not None and hasattr(self.proposer, "on_request_finished"):
-            self.proposer.on_request_finished(req.request_id)
+        if self.proposer is not None:
+            self.proposer.on_finished(req)
         self.stats.request_success[reason.value] += 1
         self.stats.prompt_tokens += len(req.prompt_token_ids)
-        times = self._token_times.pop(req.request_id, [])
+        state = self._states.get(req.request_id)
+        times = state.token_times if state else []
         now = time.monotonic()
         scheduled = req.first_scheduled_time or now
         self.stats.events.finished.append(
@@ -316,8 +349,6 @@ class EngineCore:
                 generation_tokens=len(req.output_token_ids),
             )
         )
-        self._generators.pop(req.request_id, None)
-        self._last_hidden.pop(req.request_id, None)
 
     def _output(
         self,
@@ -327,11 +358,8 @@ class EngineCore:
         finished: bool,
         error: str | None = None,
     ) -> RequestOutput:
-        detok = self._detok.get(req.request_id)
-        text = detok.take_delta(finished) if detok else ""
-        if finished:
-            self._detok.pop(req.request_id, None)
-            self._requests.pop(req.request_id, None)
+        state = self._states.pop(req.request_id, None) if finished else self._states.get(req.request_id)
+        text = state.detokenizer.take_delta(finished) if state else ""
         return RequestOutput(
             request_id=req.request_id,
             new_token_ids=new_ids,
@@ -347,4 +375,23 @@ class EngineCore:
             num_accepted_tokens=req.spec.num_accepted_tokens,
             accepted_per_position=list(req.spec.accepted_per_position),
             error=error,
+        )
+
+    def snapshot(self) -> EngineSnapshot:
+        """Counters, gauges and configuration for the metrics exporter, draining the per-step events.
+
+        Runs on the event loop while a step may run in the worker thread: see EngineStats.snapshot.
+        """
+        pool = self.kv_manager.pool
+        return self.stats.snapshot(
+            prefix_cache_queries=pool.num_queries,
+            prefix_cache_hits=pool.num_hits,
+            num_running=self.num_running,
+            num_waiting=self.num_waiting,
+            kv_cache_usage=pool.usage(),
+            num_speculative_tokens=self.scheduler.config.num_speculative_tokens,
+            block_size=self.config.block_size,
+            num_blocks=self.num_blocks,
+            device_memory_utilization=self.config.device_memory_utilization,
+            proposer_name=self.proposer_name,
         )

@@ -1,14 +1,41 @@
-"""The proposer protocol: anything that guesses the next few tokens of running requests.
+"""The proposer contract: the one thing a proposer (built-in or plugin) implements.
 
-Built-in proposers live in specserve.plugins (ngram, draft_model, medusa); third parties register
-through the entry-point group `specserve.proposers` or are named as `package.module:Class`.
+A proposer guesses the next few tokens of running requests; the target verifies them. Subclass
+`Proposer`, implement `propose`, and override only the hooks you need (every hook has a no-op
+default). The engine calls the hooks, and never probes a proposer for attributes.
+
+When each hook is called, in the life of one request:
+
+    bind_kv_cache(num_slots)           once at start-up, after the KV pool is sized
+    propose(batch)                     every step the request decodes with k >= 1 draft slots
+    on_accepted(request, n)            every step the request samples a token (n accepted drafts, 0..k)
+    on_preempted(request)              its KV blocks were freed; it will be recomputed from scratch
+    on_finished(request)               finished for any reason (stop, length, abort, error)
+
+Exactness rules (what keeps speculative decoding lossless):
+- `Proposals.probs[i]` is exactly the distribution draft token j of request i was sampled from
+  ([num_drafts, vocab], rows summing to 1), or None when the drafts are deterministic (n-gram,
+  greedy): the verifier then treats each draft as one-hot. A q that is not the sampling distribution
+  breaks exactness silently, so the engine checks shape, finiteness, sign and row sums and drops a
+  request's drafts (it decodes plainly this step) when they are off.
+- Greedy requests (`request.params.greedy`) should get the draft's argmax and probs None.
+- Drafts are token ids in [0, vocab_size); at most `num_speculative_tokens` per request.
+
+KV slots: a proposer that keeps its own KV (a draft model) declares `kv_bytes_per_token()`; the
+pool is sized for target + proposer bytes per slot, and `bind_kv_cache(num_slots)` hands it the slot
+count. It then writes at the request's own slots: `request.block_ids` map position p to slot
+`block_ids[p // block_size] * block_size + p % block_size`, the same slots the target uses.
+
+Proposers are found by name through the entry-point group `specserve.proposers` (the built-ins are
+declared there too, in pyproject.toml) or as `package.module:Class`: see `proposer_registry.py` and
+docs/plugins.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -16,21 +43,22 @@ from .request import Request
 
 if TYPE_CHECKING:
     from .config import EngineConfig
-    from .models import LlamaForCausalLM
+    from .models import CausalDecoder
 
 
 @dataclass
 class ProposalRequest:
     request: Request
-    max_num_tokens: int  # k for this request this step (>= 1)
+    num_speculative_tokens: int  # k for this request this step (>= 1): propose at most this many
     # Target's final hidden state at the position that produced the request's last token (Medusa).
+    # Set only for proposers with needs_hidden_states.
     last_hidden: torch.Tensor | None = None  # [hidden]
 
 
 @dataclass
 class Proposals:
-    token_ids: list[list[int]]  # per request, at most max_num_tokens drafts
-    # Per request the draft distribution each token was drawn from, [len, vocab]; None = one-hot.
+    token_ids: list[list[int]]  # per request of the batch, in order: at most k drafts
+    # Per request the draft distribution each token was drawn from, [num_drafts, vocab]; None = one-hot.
     probs: list[torch.Tensor | None] = field(default_factory=list)
 
 
@@ -39,21 +67,59 @@ class ProposerContext:
     """What a proposer may use to build itself."""
 
     config: EngineConfig
-    target: LlamaForCausalLM
+    target: CausalDecoder
     vocab_size: int  # the target's (sampling) vocabulary
     device: torch.device
     dtype: torch.dtype
     block_size: int
     cache_dir: Path | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # "tokenizer": the target's Tokenizer
 
 
-@runtime_checkable
-class Proposer(Protocol):
-    name: str
-    needs_hidden_states: bool
+class Proposer:
+    """Base class of every proposer. Subclasses set `name` and implement `propose`."""
 
-    def propose(self, batch: list[ProposalRequest]) -> Proposals: ...
+    name: ClassVar[str] = "unnamed"
+    # True: the engine keeps the target's last hidden state per request and passes it in
+    # ProposalRequest.last_hidden (heads that read the target's features: Medusa, EAGLE).
+    needs_hidden_states: ClassVar[bool] = False
+
+    def __init__(self, ctx: ProposerContext) -> None:
+        self.ctx = ctx
+
+    def propose(self, batch: list[ProposalRequest]) -> Proposals:
+        """Guess up to `item.num_speculative_tokens` tokens for each request of `batch`.
+
+        Called from the engine's worker thread once per step. May read the requests (tokens, params,
+        block ids) but must not modify them; keep per-request state in the proposer, keyed by
+        `request.request_id`, and let the hooks below maintain it. An exception here costs speed,
+        not correctness: the step decodes without drafts and the error is counted."""
+        raise NotImplementedError
+
+    # --- memory --------------------------------------------------------------------------------
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of KV cache this proposer keeps per token slot (0: none). Read once at start-up."""
+        return 0
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights this proposer holds besides the target's (counted before KV sizing)."""
+        return 0
+
+    def bind_kv_cache(self, num_slots: int) -> None:
+        """Allocate the proposer's KV for `num_slots` slots (only called when kv_bytes_per_token > 0)."""
+
+    # --- request lifecycle ---------------------------------------------------------------------
+    def on_accepted(self, request: Request, num_accepted: int) -> None:
+        """After every step in which the request sampled (a decode, or its prefill's last chunk):
+        `num_accepted` of this step's drafts were kept (0 when it had none, or the engine dropped
+        them). `request.num_computed_tokens` already counts them, so any proposer state past that
+        position is stale."""
+
+    def on_preempted(self, request: Request) -> None:
+        """The request lost its KV blocks and will be recomputed: forget its cached state."""
+
+    def on_finished(self, request: Request) -> None:
+        """The request is done (any reason): release its per-request state."""
 
 
 class ProposerError(ValueError):

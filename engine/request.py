@@ -35,8 +35,6 @@ class Request:
     finish_reason: FinishReason | None = None
     # Target KV: tokens [0, num_computed_tokens) are in the cache.
     num_computed_tokens: int = 0
-    # Draft-model KV (same blocks, its own tensors): tokens [0, num_draft_computed_tokens) are cached.
-    num_draft_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
     num_cached_prompt_tokens: int = 0  # prefix-cache hits at admission
     num_preemptions: int = 0

@@ -5,6 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+# The most draft tokens one verification may carry (k). One name in the code, `num_speculative_tokens`;
+# the CLI spells it --max-num-steps (MAX's flag) or --num-speculative-tokens.
+MAX_NUM_SPECULATIVE_TOKENS = 32
+
 
 class InvalidParameterError(ValueError):
     """A request parameter is out of range; `param` names it (OpenAI error bodies carry it)."""
@@ -86,9 +90,10 @@ class SamplingParams:
             "logit_bias values must be in [-100, 100]",
         )
         check(
-            self.num_speculative_tokens is None or 0 <= self.num_speculative_tokens <= 32,
+            self.num_speculative_tokens is None
+            or 0 <= self.num_speculative_tokens <= MAX_NUM_SPECULATIVE_TOKENS,
             "num_speculative_tokens",
-            "num_speculative_tokens must be in [0, 32]",
+            f"num_speculative_tokens must be in [0, {MAX_NUM_SPECULATIVE_TOKENS}]",
         )
         check(
             self.seed is None or (isinstance(self.seed, int) and -(2**63) <= self.seed < 2**64),

@@ -1,8 +1,8 @@
 """FCFS continuous batching under a token budget and the KV block budget (pure Python, no torch).
 
 Each step: running requests first (decode, or the next chunk of their prefill), each with lookahead
-slots for up to k draft tokens; then waiting requests in arrival order while the batch, the token
-budget and the free blocks allow. When a running request cannot get blocks, its lookahead is dropped
+slots for up to k draft tokens (k = num_speculative_tokens); then waiting requests in arrival order while the batch, the token
+budget and the free blocks allow. When a running request cannot get blocks, its drafts are dropped
 first, then the newest running request is preempted (blocks freed, requeued at the front of the
 waiting queue, recomputed later) — outputs are unchanged by that, only time is lost.
 """
@@ -32,7 +32,7 @@ class SchedulerConfig:
 class ScheduledRequest:
     request: Request
     num_new_tokens: int  # tokens of the request's own sequence fed this step
-    num_lookahead_tokens: int  # draft slots reserved: the proposer may fill up to this many
+    num_speculative_tokens: int  # k: draft slots reserved, the proposer may fill up to this many
 
 
 @dataclass
@@ -51,7 +51,6 @@ class Scheduler:
         self.kv = kv
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.num_preemptions = 0
 
     # --- queue management -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -72,7 +71,7 @@ class Scheduler:
         request.finish_reason = reason
 
     # --- the step ---------------------------------------------------------------------------------
-    def lookahead_for(self, request: Request) -> int:
+    def num_speculative_tokens_for(self, request: Request) -> int:
         """Draft tokens this request may get this step (0 outside decode)."""
         if not request.in_decode or not request.params.speculative_enabled:
             return 0
@@ -97,10 +96,10 @@ class Scheduler:
                 num_new = min(num_new, budget)
             elif num_new > budget:
                 continue
-            lookahead = min(self.lookahead_for(request), budget - num_new) if num_new == 1 else 0
-            while not self.kv.allocate_slots(request, num_new, lookahead):
-                if lookahead and self.kv.allocate_slots(request, num_new, 0):
-                    lookahead = 0
+            k = min(self.num_speculative_tokens_for(request), budget - num_new) if num_new == 1 else 0
+            while not self.kv.allocate_slots(request, num_new, k):
+                if k and self.kv.allocate_slots(request, num_new, 0):
+                    k = 0
                     break
                 victim = self.running[-1]
                 self._preempt(victim, out)
@@ -108,9 +107,9 @@ class Scheduler:
                     break
             if request.status != RequestStatus.RUNNING:
                 continue
-            out.scheduled.append(ScheduledRequest(request, num_new, lookahead))
+            out.scheduled.append(ScheduledRequest(request, num_new, k))
             scheduled_ids.add(request.request_id)
-            budget -= num_new + lookahead
+            budget -= num_new + k
 
         while self.waiting and len(self.running) < self.config.max_batch_size and budget > 0:
             if out.preempted:
@@ -139,8 +138,6 @@ class Scheduler:
         self.kv.free(request)
         request.status = RequestStatus.WAITING
         request.num_computed_tokens = 0
-        request.num_draft_computed_tokens = 0
         request.num_preemptions += 1
-        self.num_preemptions += 1
         self.waiting.appendleft(request)
         out.preempted.append(request)

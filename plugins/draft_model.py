@@ -1,10 +1,10 @@
 """Draft-model proposer: a smaller model of the same vocabulary guesses k tokens autoregressively.
 
-Its KV lives in the same blocks as the target's (same block table, its own tensors). Each request
-remembers how many of its tokens are in the draft cache (`num_draft_computed_tokens`); a proposal
-first feeds whatever is missing (the prompt the first time, then the last accepted tokens), then one
-token per further draft step. After verification the engine clamps that count to the accepted length,
-which is the whole rollback: stale slots beyond it are simply overwritten next time.
+Its KV lives in the same blocks as the target's (same block table, its own tensors). The proposer
+remembers per request how many of its tokens are in the draft cache; a proposal first feeds whatever
+is missing (the prompt the first time, then the last accepted tokens), then one token per further
+draft step. `on_accepted` clamps that count to the verified length, which is the whole rollback:
+stale slots beyond it are simply overwritten next time. `on_preempted` forgets it (the blocks are gone).
 """
 
 from __future__ import annotations
@@ -12,17 +12,19 @@ from __future__ import annotations
 import torch
 
 from specserve.engine.builder import load_model
-from specserve.engine.proposer import ProposalRequest, Proposals, ProposerContext, ProposerError
+from specserve.engine.memory import module_bytes
+from specserve.engine.proposer import ProposalRequest, Proposals, Proposer, ProposerContext, ProposerError
+from specserve.engine.request import Request
 from specserve.engine.runner import SequenceInput, forward_sequences
 from specserve.engine.sampler import logits_to_probs
 from specserve.engine.tokenizer import Tokenizer
 
 
-class DraftModelProposer:
+class DraftModelProposer(Proposer):
     name = "draft_model"
-    needs_hidden_states = False
 
     def __init__(self, ctx: ProposerContext):
+        super().__init__(ctx)
         spec = ctx.config.draft
         if spec is None or spec.model_path is None:
             raise ProposerError("--speculative-method draft_model needs --draft-model-path")
@@ -35,15 +37,30 @@ class DraftModelProposer:
         _check_same_vocabulary(ctx.extra.get("tokenizer"), Tokenizer(loaded.directory), spec.model_path)
         self.kv_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._generators: dict[str, torch.Generator] = {}
+        # request id -> tokens [0, n) of the request are in the draft KV cache
+        self._num_cached: dict[str, int] = {}
 
     def kv_bytes_per_token(self) -> int:
         return self.model.config.kv_bytes_per_token(torch.finfo(self.dtype).bits // 8)
 
+    def weight_bytes(self) -> int:
+        return module_bytes(self.model)
+
     def bind_kv_cache(self, num_slots: int) -> None:
         self.kv_cache = self.model.allocate_kv_cache(num_slots, self.dtype, self.device)
 
-    def on_request_finished(self, request_id: str) -> None:
-        self._generators.pop(request_id, None)
+    def on_accepted(self, request: Request, num_accepted: int) -> None:
+        # Draft KV past the target's verified length holds rejected drafts: mark it stale.
+        rid = request.request_id
+        if rid in self._num_cached:
+            self._num_cached[rid] = min(self._num_cached[rid], request.num_computed_tokens)
+
+    def on_preempted(self, request: Request) -> None:
+        self._num_cached.pop(request.request_id, None)
+
+    def on_finished(self, request: Request) -> None:
+        self._generators.pop(request.request_id, None)
+        self._num_cached.pop(request.request_id, None)
 
     def _generator(self, item: ProposalRequest) -> torch.Generator:
         rid = item.request.request_id
@@ -59,13 +76,16 @@ class DraftModelProposer:
         drafts: list[list[int]] = [[] for _ in batch]
         probs: list[list[torch.Tensor]] = [[] for _ in batch]
         active = list(range(len(batch)))
+        # Cached lengths after this proposal; stored only once every forward succeeded, so a failure
+        # midway leaves the previous (still true) counts.
+        num_cached = [self._num_cached.get(b.request.request_id, 0) for b in batch]
         step = 0
         while active:
             seqs = []
             for i in active:
                 req = batch[i].request
                 if step == 0:
-                    start = req.num_draft_computed_tokens
+                    start = num_cached[i]
                     tokens = req.all_token_ids[start:]
                 else:
                     start = req.num_tokens + step - 1
@@ -83,9 +103,11 @@ class DraftModelProposer:
                     token = int(torch.multinomial(row_probs[row], 1, generator=self._generator(item)))
                     probs[i].append(row_probs[row])
                 drafts[i].append(token)
-                item.request.num_draft_computed_tokens = item.request.num_tokens + step
+                num_cached[i] = item.request.num_tokens + step
             step += 1
-            active = [i for i in active if len(drafts[i]) < batch[i].max_num_tokens]
+            active = [i for i in active if len(drafts[i]) < batch[i].num_speculative_tokens]
+        for item, n in zip(batch, num_cached, strict=True):
+            self._num_cached[item.request.request_id] = n
         return Proposals(
             token_ids=drafts,
             probs=[torch.stack(p) if p else None for p in probs],

@@ -17,7 +17,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from specserve.engine.proposer import ProposalRequest, Proposals, ProposerContext, ProposerError
+from specserve.engine.memory import module_bytes
+from specserve.engine.proposer import ProposalRequest, Proposals, Proposer, ProposerContext, ProposerError
+from specserve.engine.request import Request
 from specserve.engine.sampler import logits_to_probs
 
 
@@ -57,11 +59,12 @@ def load_medusa_heads(path: Path, hidden: int, vocab: int) -> tuple[nn.ModuleLis
     return heads, cfg
 
 
-class MedusaProposer:
+class MedusaProposer(Proposer):
     name = "medusa"
     needs_hidden_states = True
 
     def __init__(self, ctx: ProposerContext):
+        super().__init__(ctx)
         if not ctx.config.medusa_heads_path:
             raise ProposerError("--speculative-method medusa needs --medusa-heads-path")
         cfg = ctx.target.config
@@ -70,20 +73,23 @@ class MedusaProposer:
         self.num_heads = len(self.heads)
         self._generators: dict[str, torch.Generator] = {}
 
-    def on_request_finished(self, request_id: str) -> None:
-        self._generators.pop(request_id, None)
+    def weight_bytes(self) -> int:
+        return module_bytes(self.heads)
+
+    def on_finished(self, request: Request) -> None:
+        self._generators.pop(request.request_id, None)
 
     def propose(self, batch: list[ProposalRequest]) -> Proposals:
         items = [b for b in batch if b.last_hidden is not None]
         if not items:
             return Proposals([[] for _ in batch], [None] * len(batch))
         hidden = torch.stack([b.last_hidden for b in items])  # [B, hidden]
-        k = min(self.num_heads, max(b.max_num_tokens for b in items))
+        k = min(self.num_heads, max(b.num_speculative_tokens for b in items))
         with torch.inference_mode():
             head_logits = torch.stack([self.heads[i](hidden).float() for i in range(k)], dim=1)  # [B, k, V]
         by_id = {}
         for row, item in enumerate(items):
-            n = min(k, item.max_num_tokens)
+            n = min(k, item.num_speculative_tokens)
             params = item.request.params
             if params.greedy:
                 by_id[id(item)] = (head_logits[row, :n].argmax(-1).tolist(), None)

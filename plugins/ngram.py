@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specserve.engine.proposer import ProposalRequest, Proposals, ProposerContext
+from specserve.engine.proposer import ProposalRequest, Proposals, Proposer, ProposerContext
 
 
 def find_continuation(tokens: np.ndarray, ngram_min: int, ngram_max: int, k: int) -> list[int]:
@@ -23,11 +23,11 @@ def find_continuation(tokens: np.ndarray, ngram_min: int, ngram_max: int, k: int
     return []
 
 
-class NgramProposer:
+class NgramProposer(Proposer):
     name = "ngram"
-    needs_hidden_states = False
 
     def __init__(self, ctx: ProposerContext):
+        super().__init__(ctx)
         self.ngram_min = ctx.config.ngram_min
         self.ngram_max = ctx.config.ngram_max
 
@@ -35,5 +35,7 @@ class NgramProposer:
         drafts = []
         for item in batch:
             tokens = np.asarray(item.request.all_token_ids, dtype=np.int64)
-            drafts.append(find_continuation(tokens, self.ngram_min, self.ngram_max, item.max_num_tokens))
+            drafts.append(
+                find_continuation(tokens, self.ngram_min, self.ngram_max, item.num_speculative_tokens)
+            )
         return Proposals(token_ids=drafts, probs=[None] * len(batch))

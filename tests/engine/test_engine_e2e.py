@@ -38,7 +38,7 @@ def test_preemption_does_not_change_outputs(tiny_llama_dir, prompts, alone):
     # 12 blocks of 16 tokens cannot hold 16 running requests: preemption must happen.
     llm = make_llm(tiny_llama_dir, max_kv_cache_tokens=192, max_length=96)
     assert _batched(llm, prompts) == alone
-    assert llm.engine.scheduler.num_preemptions > 0
+    assert llm.engine.stats.num_preemptions > 0
     assert llm.engine.kv_manager.num_free_blocks == llm.engine.num_blocks
 
 

@@ -29,8 +29,8 @@ def _advance(s: Scheduler, out, new_token: int = 7, accepted: int = 0) -> None:
         sampled = r.num_computed_tokens + item.num_new_tokens == r.num_tokens
         r.num_computed_tokens += item.num_new_tokens
         if sampled:
-            r.num_computed_tokens += min(accepted, item.num_lookahead_tokens)
-            r.output_token_ids += [new_token] * (1 + min(accepted, item.num_lookahead_tokens))
+            r.num_computed_tokens += min(accepted, item.num_speculative_tokens)
+            r.output_token_ids += [new_token] * (1 + min(accepted, item.num_speculative_tokens))
         s.kv.cache_computed_blocks(r)
 
 
@@ -95,7 +95,7 @@ def test_lookahead_slots_reserved_for_drafts():
     _advance(s, s.schedule())
     out = s.schedule()
     item = out.scheduled[0]
-    assert (item.num_new_tokens, item.num_lookahead_tokens) == (1, 3)
+    assert (item.num_new_tokens, item.num_speculative_tokens) == (1, 3)
     r = item.request
     # computed 4 + 1 new + 3 lookahead = 8 slots -> 2 blocks of 4
     assert len(r.block_ids) == 2
@@ -105,7 +105,7 @@ def test_lookahead_never_exceeds_max_tokens_left():
     s = _make(num_speculative_tokens=5)
     s.add_request(_req("a", 4, max_tokens=3))
     _advance(s, s.schedule())  # 1 token generated, 2 left -> at most 1 draft
-    assert s.schedule().scheduled[0].num_lookahead_tokens == 1
+    assert s.schedule().scheduled[0].num_speculative_tokens == 1
 
 
 def test_preemption_takes_newest_and_requeues_it_first():
@@ -216,12 +216,12 @@ def test_speculation_pauses_for_large_batches():
     s = _make(num_speculative_tokens=3, speculative_disable_batch_size=2)
     s.add_request(_req("a", 4, max_tokens=20))
     _advance(s, s.schedule())
-    assert s.schedule().scheduled[0].num_lookahead_tokens == 3  # alone: drafts
+    assert s.schedule().scheduled[0].num_speculative_tokens == 3  # alone: drafts
     s.add_request(_req("b", 4, max_tokens=20, first=50))
     out = s.schedule()
     _advance(s, out)
     out = s.schedule()  # two running: at the limit, no drafts for anyone
-    assert [x.num_lookahead_tokens for x in out.scheduled] == [0, 0]
+    assert [x.num_speculative_tokens for x in out.scheduled] == [0, 0]
 
 
 def test_freed_blocks_without_cached_content_are_reused_first():

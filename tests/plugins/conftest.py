@@ -9,20 +9,19 @@ import torch
 from safetensors.torch import save_file
 
 TOY_PLUGIN = '''
-from specserve.engine.proposer import Proposals
+from specserve.engine.proposer import Proposals, Proposer
 
 
-class RepeatLastProposer:
+class RepeatLastProposer(Proposer):
     """Proposes the last token k times: often wrong, which exercises rejection."""
 
     name = "toy"
-    needs_hidden_states = False
 
     def __init__(self, ctx):
-        self.ctx = ctx
+        super().__init__(ctx)
 
     def propose(self, batch):
-        return Proposals([[b.request.all_token_ids[-1]] * b.max_num_tokens for b in batch], [None] * len(batch))
+        return Proposals([[b.request.all_token_ids[-1]] * b.num_speculative_tokens for b in batch], [None] * len(batch))
 '''
 
 

@@ -65,7 +65,7 @@ def test_greedy_speculation_equals_plain(tiny_llama_dir, prompts, plain, method,
     spec = llm.engine.stats.spec
     assert spec.num_draft_tokens > 0, "the proposer never proposed"
     if "max_kv_cache_tokens" in engine_kwargs:
-        assert llm.engine.scheduler.num_preemptions > 0
+        assert llm.engine.stats.num_preemptions > 0
     assert llm.engine.kv_manager.num_free_blocks == llm.engine.num_blocks
 
 

@@ -27,16 +27,16 @@ from specserve.benchmarks.soak import check_stream, one_request, run_load, summa
 PROMPTS = [f"Request {i}: the quick brown fox {'jumps ' * (i % 5)}over the lazy dog" for i in range(16)]
 
 FLAKY_PLUGIN = '''
-from specserve.engine.proposer import Proposals
+from specserve.engine.proposer import Proposals, Proposer
 
 
-class FlakyProposer:
+class FlakyProposer(Proposer):
     """Prompt lookup that raises on every third call (a buggy third-party proposer)."""
 
     name = "flaky"
-    needs_hidden_states = False
 
     def __init__(self, ctx):
+        super().__init__(ctx)
         self.calls = 0
 
     def propose(self, batch):
@@ -46,8 +46,8 @@ class FlakyProposer:
         drafts = []
         for b in batch:
             ids = b.request.all_token_ids
-            found = [ids[i + 1 : i + 1 + b.max_num_tokens] for i in range(len(ids) - 2, -1, -1) if ids[i] == ids[-1]]
-            drafts.append((found[0] if found else []) or [ids[-1]] * b.max_num_tokens)
+            found = [ids[i + 1 : i + 1 + b.num_speculative_tokens] for i in range(len(ids) - 2, -1, -1) if ids[i] == ids[-1]]
+            drafts.append((found[0] if found else []) or [ids[-1]] * b.num_speculative_tokens)
         return Proposals(drafts, [None] * len(batch))
 '''
 

@@ -1,0 +1,88 @@
+"""What one engine step works on: each in-flight request's engine-side state, and the window batch.
+
+The window batch is built once per step from the scheduler's output and the proposals. It holds the
+target's input (one `SequenceInput` per scheduled request: its next prompt chunk, or its last token
+followed by its drafts) and, for every request that samples this step, its verification window with
+the logits rows that belong to it, so no later phase recomputes row offsets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .detokenizer import IncrementalDetokenizer
+from .request import Request
+from .runner import SequenceInput
+from .scheduler import ScheduledRequest
+
+
+@dataclass
+class RequestState:
+    """Everything the engine core keeps for one in-flight request."""
+
+    request: Request
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator  # the request's sampling stream (seeded when the request has a seed)
+    token_times: list[float] = field(default_factory=list)  # monotonic time of each emitted token
+    # Target's final hidden state at the row that produced the last token (for needs_hidden_states).
+    last_hidden: torch.Tensor | None = None  # [hidden]
+
+
+@dataclass
+class Draft:
+    """A validated proposal for one request: token ids and the distributions they came from."""
+
+    token_ids: list[int]
+    probs: torch.Tensor | None  # [len(token_ids), V] or None (one-hot)
+
+
+@dataclass
+class VerificationWindow:
+    """A request that samples this step: logits rows [first_row, first_row + len(drafts) + 1)."""
+
+    state: RequestState
+    draft: Draft
+    first_row: int
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.draft.token_ids) + 1
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.first_row, self.first_row + self.num_rows)
+
+
+@dataclass
+class WindowBatch:
+    scheduled: list[ScheduledRequest]
+    sequences: list[SequenceInput]  # one per scheduled request, in order: the target's input
+    windows: list[VerificationWindow]  # the scheduled requests that sample, in logits-row order
+    num_rows: int  # logits rows the target returns: sum of the windows' rows
+
+    @classmethod
+    def build(
+        cls,
+        scheduled: list[ScheduledRequest],
+        states: dict[str, RequestState],
+        drafts: dict[str, Draft],
+    ) -> WindowBatch:
+        sequences: list[SequenceInput] = []
+        windows: list[VerificationWindow] = []
+        row = 0
+        for s in scheduled:
+            req = s.request
+            start = req.num_computed_tokens
+            tokens = req.all_token_ids[start : start + s.num_new_tokens]
+            # A request samples once this step's tokens reach its end (decode, or a prefill's last chunk).
+            samples = start + s.num_new_tokens == req.num_tokens
+            draft = drafts.get(req.request_id, Draft([], None)) if samples else Draft([], None)
+            window = VerificationWindow(states[req.request_id], draft, row) if samples else None
+            num_outputs = window.num_rows if window else 0
+            sequences.append(SequenceInput(tokens + draft.token_ids, start, req.block_ids, num_outputs))
+            if window is not None:
+                windows.append(window)
+                row += window.num_rows
+        return cls(scheduled, sequences, windows, row)

@@ -1,9 +1,30 @@
-"""Engine statistics as plain dataclasses; only the server's exporter turns them into Prometheus metrics."""
+"""Engine statistics as plain dataclasses; only the server's exporter turns them into Prometheus metrics.
+
+`EngineStats` is what the engine mutates while it steps; `EngineSnapshot` is what everything else reads
+(one frozen copy, taken by `EngineCore.snapshot()`). The acceptance formulas live here once, as pure
+functions, and serve the per-request stats, the exporter's log line and the API's usage block alike.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+
+def acceptance_rate(num_accepted_tokens: int, num_draft_tokens: int) -> float:
+    """Accepted drafts / proposed drafts (0 when nothing was proposed)."""
+    return num_accepted_tokens / num_draft_tokens if num_draft_tokens else 0.0
+
+
+def mean_acceptance_length(num_accepted_tokens: int, num_drafts: int) -> float:
+    """Tokens emitted per verification: 1 (the recovered/bonus token) + accepted drafts (1 without drafts)."""
+    return 1.0 + num_accepted_tokens / num_drafts if num_drafts else 1.0
+
+
+def per_position_acceptance(accepted_per_position: Sequence[int], num_drafts: int) -> list[float]:
+    """Share of verifications that accepted the draft at each position (0 = first)."""
+    return [a / num_drafts for a in accepted_per_position] if num_drafts else []
 
 
 @dataclass
@@ -29,19 +50,23 @@ class SpecDecodingStats:
 
     @property
     def acceptance_rate(self) -> float:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+        return acceptance_rate(self.num_accepted_tokens, self.num_draft_tokens)
 
     @property
     def mean_acceptance_length(self) -> float:
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+        return mean_acceptance_length(self.num_accepted_tokens, self.num_drafts)
 
     def per_position_acceptance(self) -> list[float]:
-        return [a / self.num_drafts for a in self.accepted_per_position] if self.num_drafts else []
+        return per_position_acceptance(self.accepted_per_position, self.num_drafts)
 
 
 @dataclass
 class StepEvents:
-    """Per-step observations for histograms, drained by whoever exports them."""
+    """Per-step observations for histograms, drained by whoever exports them.
+
+    The lists only ever grow at the end. A step in the worker thread that raced with a drain may still
+    append one item to the events it had in hand, so a consumer re-reads the last drained events once.
+    """
 
     acceptance_lengths: list[int] = field(default_factory=list)  # 1 + accepted, per verification
     finished: list[RequestTiming] = field(default_factory=list)
@@ -58,6 +83,44 @@ class RequestTiming:
     generation_tokens: int
 
 
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """Everything the metrics exporter and the stats log line read from the engine, read once.
+
+    Counters are cumulative since the engine started (a reader exports differences between two
+    snapshots); gauges are the values at the time of the snapshot; `events` are the per-step events
+    drained by this snapshot (see StepEvents for why they may still grow by one late item).
+    The defaults are an engine that has done nothing, the baseline of the first difference.
+    """
+
+    # --- cumulative counters ------------------------------------------------------------------
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: tuple[int, ...] = ()
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    proposer_errors: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    request_success: Mapping[str, int] = field(default_factory=dict)  # finish reason -> requests
+    # --- gauges -------------------------------------------------------------------------------
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0  # 0-1
+    num_speculative_tokens: int = 0  # current k (0 = no speculation)
+    # --- static configuration -----------------------------------------------------------------
+    block_size: int = 0
+    num_blocks: int = 0
+    device_memory_utilization: float = 0.0
+    proposer_name: str = "none"
+    # --- drained per-step events --------------------------------------------------------------
+    events: StepEvents = field(default_factory=StepEvents)
+
+
 @dataclass
 class EngineStats:
     prompt_tokens: int = 0
@@ -71,3 +134,48 @@ class EngineStats:
     def drain_events(self) -> StepEvents:
         events, self.events = self.events, StepEvents()
         return events
+
+    def snapshot(
+        self,
+        *,
+        prefix_cache_queries: int,
+        prefix_cache_hits: int,
+        num_running: int,
+        num_waiting: int,
+        kv_cache_usage: float,
+        num_speculative_tokens: int,
+        block_size: int,
+        num_blocks: int,
+        device_memory_utilization: float,
+        proposer_name: str,
+    ) -> EngineSnapshot:
+        """These counters read once plus what the engine core adds, draining the per-step events.
+
+        May run on the event loop while a step mutates these stats in the worker thread: each field is
+        read once (copies, not live lists), so two snapshots' differences never lose or double-count.
+        """
+        spec = self.spec
+        return EngineSnapshot(
+            num_drafts=spec.num_drafts,
+            num_draft_tokens=spec.num_draft_tokens,
+            num_accepted_tokens=spec.num_accepted_tokens,
+            accepted_per_position=tuple(spec.accepted_per_position),
+            draft_seconds=spec.draft_seconds,
+            verify_seconds=spec.verify_seconds,
+            proposer_errors=spec.proposer_errors,
+            prompt_tokens=self.prompt_tokens,
+            generation_tokens=self.generation_tokens,
+            num_preemptions=self.num_preemptions,
+            prefix_cache_queries=prefix_cache_queries,
+            prefix_cache_hits=prefix_cache_hits,
+            request_success=dict(self.request_success),
+            num_running=num_running,
+            num_waiting=num_waiting,
+            kv_cache_usage=kv_cache_usage,
+            num_speculative_tokens=num_speculative_tokens,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            device_memory_utilization=device_memory_utilization,
+            proposer_name=proposer_name,
+            events=self.drain_events(),
+        )

@@ -4,6 +4,8 @@ A freed block keeps its hash and sits in the free queue in LRU order; if a later
 hashes to it before it is reused, it is taken back out (a prefix-cache hit) instead of recomputed.
 A freed block with no cached content goes to the front instead and is reused first: the pool's
 working set stays small (on CPU the pool's pages are only committed once written) and cache-warm.
+Blocks are keyed by a SHA-256 chain (`BlockHash`, computed by the KV cache manager), so two different
+prefixes never share a key: a collision would hand one request another request's KV.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+BlockHash = bytes  # 32-byte SHA-256 digest of (parent block's hash, this block's token ids)
+
 
 @dataclass
 class KVBlock:
     block_id: int
     ref_count: int = 0
-    block_hash: int | None = None
+    block_hash: BlockHash | None = None
 
 
 class BlockPool:
@@ -27,7 +31,7 @@ class BlockPool:
         self.enable_caching = enable_caching
         # Insertion order = eviction order (least recently freed first).
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self._cached: dict[int, int] = {}  # block hash -> block id
+        self._cached: dict[BlockHash, int] = {}  # block hash -> block id
         self.num_queries = 0
         self.num_hits = 0
 
@@ -68,7 +72,7 @@ class BlockPool:
                 if block.block_hash is None:  # nothing worth keeping: reuse this one first
                     self._free.move_to_end(block_id, last=False)
 
-    def lookup(self, block_hash: int) -> int | None:
+    def lookup(self, block_hash: BlockHash) -> int | None:
         self.num_queries += 1
         block_id = self._cached.get(block_hash)
         if block_id is not None:
@@ -82,7 +86,7 @@ class BlockPool:
             del self._free[block_id]
         block.ref_count += 1
 
-    def mark_cached(self, block_id: int, block_hash: int) -> None:
+    def mark_cached(self, block_id: int, block_hash: BlockHash) -> None:
         block = self.blocks[block_id]
         if block.block_hash is not None or block_hash in self._cached:
             return  # already cached, or identical content cached in another block

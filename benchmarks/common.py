@@ -86,8 +86,10 @@ def fmt(x: float | None, digits: int = 2, suffix: str = "") -> str:
     return f"{x:.{digits}f}{suffix}"
 
 
-def md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+def md_table(header: list[str], rows: list[list[str]], align: str | None = None) -> str:
+    """A Markdown table; `align` has one letter per column, l or r (default: no alignment marks)."""
+    marks = ["---:" if a == "r" else "---" for a in align] if align else ["---" for _ in header]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(marks) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
 

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-LLAMA_CPP_PLAIN = "llama.cpp:plain"
+from .runners import RunResult
 
 
 def available() -> bool:
@@ -68,9 +68,7 @@ class LlamaCppRunner:  # pragma: no cover - needs llama_cpp
         self.llm = llm
         self.eos = llm.token_eos()
 
-    def run(self, ids: list[int], max_new_tokens: int, ignore_eos: bool) -> Any:
-        from .latency import RunResult
-
+    def run(self, ids: list[int], max_new_tokens: int, ignore_eos: bool) -> RunResult:
         self.llm.reset()  # forget the previous prompt: no prefix reuse between runs
         tokens: list[int] = []
         first = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 
 def _clean(values: Iterable[float | None]) -> list[float]:
@@ -67,6 +68,41 @@ def median_paired_ratio(
     numerator: Mapping[Hashable, float | None], denominator: Mapping[Hashable, float | None]
 ) -> float | None:
     return median(paired_ratios(numerator, denominator))
+
+
+@dataclass(frozen=True)
+class PairedRatio:
+    """One arm against another: the per-pair ratios, their median, and how many pairs it came out ahead."""
+
+    ratios: list[float]
+
+    @property
+    def median(self) -> float | None:
+        return median(self.ratios)
+
+    @property
+    def ahead(self) -> int:
+        return sum(r > 1 for r in self.ratios)
+
+    @property
+    def pairs(self) -> int:
+        return len(self.ratios)
+
+
+def compare(
+    numerator: Mapping[Hashable, float | None], denominator: Mapping[Hashable, float | None]
+) -> PairedRatio:
+    return PairedRatio(paired_ratios(numerator, denominator))
+
+
+def acceptance(
+    num_drafts: int, num_draft_tokens: int, num_accepted: int
+) -> tuple[float | None, float | None]:
+    """(acceptance rate, mean acceptance length); None where nothing was drafted. The length counts the
+    token every verification adds on its own (the recovered or bonus token): 1 + accepted per draft."""
+    rate = num_accepted / num_draft_tokens if num_draft_tokens else None
+    length = 1 + num_accepted / num_drafts if num_drafts else None
+    return rate, length
 
 
 def geomean(values: Iterable[float | None]) -> float | None:

@@ -1,0 +1,146 @@
+"""The side-by-side harness every benchmark shares: arms, their interleaved run order, the report envelope
+and the files a report is written to.
+
+An arm is one named configuration (a method, a speculation mode, a quantization) measured again and again.
+Machines here are shared and noisy, so arms are never run one after the other: each round runs every arm
+once, back to back on the same input, and the order rotates from round to round so no arm always goes first
+(warm caches, thermal state and load bursts spread evenly). Speed claims are then paired ratios between
+neighbours of the same round (`stats.compare`), never ratios of separate averages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from .common import command_line, default_output_dir, machine_info, now_iso, use_agg, write_json
+
+A = TypeVar("A")
+I = TypeVar("I")  # noqa: E741 - the item a round measures (a prompt, a concurrency level)
+logger = logging.getLogger("specserve.bench")
+
+
+@dataclass(frozen=True)
+class Arm(Generic[A]):
+    """A named configuration measured repeatedly: `runner` does one measurement, `note` says how it was set up."""
+
+    name: str
+    runner: A
+    note: str | None = None
+
+
+# --- run order ------------------------------------------------------------------------------------------
+def rotation(arms: Sequence[A], shift: int) -> list[A]:
+    """`arms` started at position `shift` (mod len): round r of a rotation puts a different arm first."""
+    if not arms:
+        return []
+    shift %= len(arms)
+    return [*arms[shift:], *arms[:shift]]
+
+
+@dataclass(frozen=True)
+class Round(Generic[A, I]):
+    """Every arm once, in `arms` order, on one item in one repeat."""
+
+    repeat: int
+    index: int  # the item's position in the item list
+    item: I
+    arms: list[A]
+    last_of_group: bool  # the last round of its repeat (repeats outer) or of its item (items outer)
+
+
+def rounds(
+    arms: Sequence[A], items: Sequence[I], repeats: int, *, repeats_outer: bool = True
+) -> Iterator[Round[A, I]]:
+    """The interleaved schedule: for each repeat, for each item (or item-major with repeats_outer=False),
+    one round of every arm, rotated by repeat + item index."""
+    outer, inner = (
+        (range(repeats), range(len(items))) if repeats_outer else (range(len(items)), range(repeats))
+    )
+    for o in outer:
+        for n, i in enumerate(inner):
+            rep, index = (o, i) if repeats_outer else (i, o)
+            last = n == len(inner) - 1
+            yield Round(rep, index, items[index], rotation(arms, rep + index), last)
+
+
+def keyed(rows: Iterable[Mapping[str, Any]], value: str, *keys: str) -> dict[Hashable, Any]:
+    """{(row[k] for k in keys): row[value]}: one arm's measurements ready to pair with another's."""
+    return {tuple(r[k] for k in keys): r[value] for r in rows}
+
+
+# --- report envelope and output files ----------------------------------------------------------------------
+def envelope(schema: str, subcommand: str, argv: list[str]) -> dict[str, Any]:
+    """The fields that open every report: what produced it, when, and on which machine."""
+    return {
+        "schema": schema,
+        "created": now_iso(),
+        "command": command_line(subcommand, argv),
+        "machine": machine_info(),
+    }
+
+
+def add_output_args(parser: argparse.ArgumentParser, kind: str) -> None:
+    o = parser.add_argument_group("output")
+    o.add_argument(
+        "--output-dir",
+        default=None,
+        help=f"where {kind}.json/.md/.png go (default bench-results/{kind}-<time>)",
+    )
+    o.add_argument("--no-plots", action="store_true")
+    o.add_argument("--no-progress", action="store_true")
+
+
+def output_dir(args: argparse.Namespace, kind: str) -> Path:
+    out = Path(args.output_dir) if args.output_dir else default_output_dir(kind)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on Agg, or None (with a warning) when matplotlib is missing: plots are optional."""
+    plt = use_agg()
+    if plt is None:
+        logger.warning("matplotlib not installed: no plots (pip install matplotlib)")
+    return plt
+
+
+def save_figure(plt: Any, fig: Any, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return str(path)
+
+
+def plot_links(report: Mapping[str, Any]) -> list[str]:
+    """Markdown image lines for the report's plots (they sit next to the .md file)."""
+    return [f"![{Path(f).stem}]({Path(f).name})" for f in report["files"].get("plots", [])]
+
+
+def write_report(
+    report: dict[str, Any],
+    out_dir: Path,
+    kind: str,
+    markdown: Callable[[dict[str, Any]], str],
+    plot: Callable[[dict[str, Any], Path], list[str]],
+    plots: bool = True,
+) -> None:
+    """<kind>.json, <kind>.md and the plots; report["files"] lists them (the Markdown links the plots)."""
+    report["files"] = {
+        "json": str(out_dir / f"{kind}.json"),
+        "markdown": str(out_dir / f"{kind}.md"),
+        "plots": plot(report, out_dir) if plots else [],
+    }
+    write_json(out_dir / f"{kind}.json", report)
+    (out_dir / f"{kind}.md").write_text(markdown(report))
+
+
+def print_report(report: dict[str, Any], markdown: Callable[[dict[str, Any]], str]) -> None:
+    """The Markdown on stdout, where the JSON went on stderr (stdout stays pipeable)."""
+    sys.stdout.write(markdown(report))
+    print(f"\nwrote {report['files']['json']}", file=sys.stderr)

@@ -78,13 +78,25 @@ def tiny_config(arch: str = "llama", vocab_size: int = 320, **overrides):
         return Qwen2Config(**common)
     if arch == "qwen3":
         return Qwen3Config(head_dim=16, **common)
+    if arch == "gemma":
+        from transformers import GemmaConfig
+
+        # head_dim 32 != hidden / heads (16), as in the released models (256 vs 2048 / 8).
+        return GemmaConfig(head_dim=32, **common)
     raise ValueError(arch)
 
 
 def build_tiny_model(
-    directory: Path, arch: str = "llama", seed: int = 0, with_tokenizer: bool = True, **overrides
+    directory: Path,
+    arch: str = "llama",
+    seed: int = 0,
+    with_tokenizer: bool = True,
+    norm_noise: float = 0.0,
+    **overrides,
 ):
-    """Write a random-weight HF model (+ tokenizer) to `directory`; return the transformers model."""
+    """Write a random-weight HF model (+ tokenizer) to `directory`; return the transformers model.
+    `norm_noise` > 0 perturbs the norm weights too (their init is constant), so a parity test sees
+    whether each norm's weight is applied the way the family applies it."""
     torch.manual_seed(seed)
     cfg = tiny_config(arch, **overrides)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
@@ -93,6 +105,8 @@ def build_tiny_model(
         for name, p in model.named_parameters():
             if "norm" not in name:
                 p.normal_(0, 0.08)
+            elif norm_noise:
+                p.add_(torch.randn_like(p), alpha=norm_noise)
     model.eval()
     model.save_pretrained(directory)
     if with_tokenizer:

@@ -1,11 +1,14 @@
-"""Model definitions and weight loading."""
+"""Model definitions and weight loading. A model family is a `CausalDecoder` subclass in its own module
+plus one line in registry.py (docs/models.md)."""
 
 from .arch import SUPPORTED_ARCHITECTURES, ArchConfig, UnsupportedArchitectureError
-from .llama import KVCache, LlamaForCausalLM
+from .decoder import CausalDecoder, KVCache
+from .llama import LlamaForCausalLM  # kept until every caller types against CausalDecoder
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
     "ArchConfig",
+    "CausalDecoder",
     "KVCache",
     "LlamaForCausalLM",
     "UnsupportedArchitectureError",

@@ -7,13 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# HF `architectures` entry -> our family flags. SmolLM and TinyLlama ship as LlamaForCausalLM.
-SUPPORTED_ARCHITECTURES: dict[str, dict[str, bool]] = {
-    "LlamaForCausalLM": {"attention_bias": False, "qk_norm": False},
-    "MistralForCausalLM": {"attention_bias": False, "qk_norm": False},
-    "Qwen2ForCausalLM": {"attention_bias": True, "qk_norm": False},
-    "Qwen3ForCausalLM": {"attention_bias": False, "qk_norm": True},
-}
+from .registry import ARCHITECTURES, SUPPORTED_ARCHITECTURES, find_architecture
+
+__all__ = ["SUPPORTED_ARCHITECTURES", "ArchConfig", "UnsupportedArchitectureError"]
 
 
 class UnsupportedArchitectureError(ValueError):
@@ -39,17 +35,21 @@ class ArchConfig:
     rope_scaling: dict[str, Any] | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     bos_token_id: int | None = None
+    hidden_act: str = "silu"  # the gated MLP's activation (layers.ACTIVATIONS)
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> ArchConfig:
+        """Parse config.json for the registered family named in its `architectures`: the fields every
+        family shares here, then the family's own reading (`CausalDecoder.config_fields`), then what the
+        architecture fixes (`ModelFamily.fixed`)."""
         archs = cfg.get("architectures") or []
-        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        arch = find_architecture(archs)
         if arch is None:
             raise UnsupportedArchitectureError(
                 f"unsupported architecture {archs or cfg.get('model_type')!r}; "
-                f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
-        flags = SUPPORTED_ARCHITECTURES[arch]
+        family = ARCHITECTURES[arch]
         num_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         eos = cfg.get("eos_token_id")
@@ -62,11 +62,7 @@ class ArchConfig:
             rope_theta = rope_params.get("rope_theta", 10000.0)
         if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
             rope_scaling = rope_params
-        # Qwen2 configs always say attention_bias implicitly; Llama may set it explicitly.
-        attention_bias = bool(cfg.get("attention_bias", flags["attention_bias"]))
-        if arch == "Qwen2ForCausalLM":
-            attention_bias = True
-        return cls(
+        fields: dict[str, Any] = dict(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
@@ -79,14 +75,18 @@ class ArchConfig:
             rope_theta=float(rope_theta),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=attention_bias,
-            qk_norm=flags["qk_norm"],
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            qk_norm=False,
             rope_scaling=rope_scaling
             if rope_scaling and rope_scaling.get("rope_type") != "default"
             else None,
             eos_token_ids=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
+            hidden_act=str(cfg.get("hidden_act") or "silu"),
         )
+        fields.update(family.decoder_class().config_fields(cfg))
+        fields.update(family.fixed)
+        return cls(**fields)
 
     @classmethod
     def from_directory(cls, directory: Path) -> ArchConfig:

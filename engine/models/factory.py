@@ -8,7 +8,8 @@ import torch
 
 from ..attention import select_attention_backend
 from .arch import ArchConfig
-from .llama import LlamaForCausalLM
+from .decoder import CausalDecoder
+from .registry import build_decoder, family_of
 from .weights import load_safetensors_weights
 
 
@@ -18,31 +19,21 @@ def load_decoder(
     device: torch.device | str = "cpu",
     *,
     load_linear_weights: bool = True,
-) -> LlamaForCausalLM:
-    """The decoder with the checkpoint's weights. `load_linear_weights=False` leaves the nn.Linear
-    weights unread (allocated, never touched, so never resident) for a caller that replaces those
-    layers anyway (quantized loading from a GGUF or the packed cache)."""
+) -> CausalDecoder:
+    """The registered family's decoder with the checkpoint's weights. `load_linear_weights=False`
+    leaves the nn.Linear weights unread (allocated, never touched, so never resident) for a caller
+    that replaces those layers anyway (quantized loading from a GGUF or the packed cache)."""
     cfg = ArchConfig.from_directory(directory)
     # Build on the meta device in the final dtype, then materialise empty storage: no wasted random
     # init of large weights, and no float32 copy of the model on the way to bf16.
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg).to(dtype)
+        model = build_decoder(cfg).to(dtype)
     model = model.to_empty(device=device)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
-    # Non-persistent rope buffers were on meta too: rebuild them for real.
-    from .rope import RotaryEmbedding
-
-    rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling).to(
-        device
-    )
     _, backend = select_attention_backend(device)
-    for layer in model.layers:
-        layer.self_attn.rope = rope
-        layer.self_attn.attention_backend = backend
+    model.bind(device, backend)  # rope tables were on meta, and to_empty unties tied weights
     skip = set()
     if not load_linear_weights:
         skip = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    load_safetensors_weights(model, directory, skip=skip)
-    # RMSNorm weights stay in the model dtype; the norm itself computes in float32.
+    load_safetensors_weights(model, directory, family_of(cfg).weight_layout, skip=skip)
+    # Norm weights stay in the model dtype; the norms themselves compute in float32.
     return model.eval().requires_grad_(False)

@@ -24,18 +24,13 @@ from gguf.quants import dequantize
 from .arch import ArchConfig
 from .errors import ModelLoadError
 from .gguf_metadata import PERMUTED_QK_ARCHITECTURES, ROPE_FREQS, hf_tensor_name, unpermute_qk
+from .registry import family_of
 
 GGUF_GROUP = 32  # weights per (scale, min) in Q4_0 / Q4_1 / Q4_K
 DIRECT_INT4_TYPES = frozenset(
     {GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K}
 )
 _ROWS_PER_CHUNK = 4096  # bounds the float32 temporaries of dequantizing a 152k-row lm_head
-
-# Our fused layers and the HF projections they concatenate along the output dimension, in order.
-_FUSED_PARTS = {
-    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
-}
 
 
 @dataclass
@@ -213,7 +208,8 @@ def _parse_index(path: Path, buf: memoryview) -> tuple[str, list[TensorInfo]]:
 
 
 class GgufLinearWeights:
-    """Look up the GGUF tensors behind each nn.Linear of a LlamaForCausalLM built from this file."""
+    """Look up the GGUF tensors behind each nn.Linear of the decoder built from this file (its
+    family's weight layout says which HF projections a fused layer stacks)."""
 
     def __init__(self, path: Path, config: ArchConfig):
         self.path = path
@@ -221,6 +217,7 @@ class GgufLinearWeights:
         self.tensors: dict[str, TensorInfo] = {
             hf_tensor_name(t.name): t for t in infos if t.name != ROPE_FREQS
         }
+        self._fused = family_of(config).weight_layout.fused
         permuted = arch in PERMUTED_QK_ARCHITECTURES
         # llama.cpp permutes llama q/k rows per head; undo it on whatever we read (codes or floats).
         self._heads = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads} if permuted else {}
@@ -233,7 +230,8 @@ class GgufLinearWeights:
         else:
             prefix, _, module = linear_name.partition(".")  # "layers", "3.mlp.gate_up_proj"
             layer, _, module = module.partition(".")
-            parts = _FUSED_PARTS.get(module, (module,))
+            fused = self._fused.get(module)
+            parts = fused.parts if fused is not None else (module,)
             hf = [f"model.{prefix}.{layer}.{part}.weight" for part in parts]
         missing = [name for name in hf if name not in self.tensors]
         if missing:

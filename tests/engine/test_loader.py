@@ -87,7 +87,7 @@ def test_unsupported_architecture_in_hf_directory(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError) as err:
         resolve_model(str(tmp_path / "m"))
     assert str(err.value).endswith(
-        "(supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)"
+        "(supported: GemmaForCausalLM, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)"
     )
     assert "GPTNeoXForCausalLM" in str(err.value)
 

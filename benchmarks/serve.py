@@ -14,60 +14,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import json
-import logging
 import os
-import re
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
+from . import serve_report
 from . import stats as st
-from .common import (
-    command_line,
-    default_output_dir,
-    fmt,
-    machine_info,
-    md_table,
-    now_iso,
-    progress,
-    use_agg,
-    write_json,
-)
+from .common import progress
+from .harness import add_output_args, envelope, keyed, output_dir, print_report, rounds, write_report
+
+# BenchError and launch_server are also this module's API: tests start servers with serve.launch_server.
+from .local_server import BenchError, bearer, launch_server, loopback_url, server_info
 from .prompt_sets import CATEGORIES, load_prompts, parse_categories
 
 SCHEMA = "specserve.bench.serve/1"
 MODES = ("off", "on")
-logger = logging.getLogger("specserve.bench")
-
-
-class BenchError(Exception):
-    pass
 
 
 def check_loopback(base_url: str) -> str:
     """Return the URL without a trailing slash, or raise BenchError if it does not point at this machine."""
-    parsed = urlparse(base_url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise BenchError(f"--base-url must look like http://127.0.0.1:PORT, got {base_url!r}")
-    host = parsed.hostname
-    if host != "localhost":
-        try:
-            ip = ipaddress.ip_address(host)
-        except ValueError:
-            raise BenchError(f"--base-url host {host!r} is not a loopback address (use 127.0.0.1)") from None
-        if not ip.is_loopback:
-            raise BenchError(
-                f"--base-url host {host!r} is not a loopback address: this benchmark only targets this machine"
-            )
-    return base_url.rstrip("/").removesuffix("/v1")
+    return loopback_url(base_url, BenchError, who="this benchmark")
 
 
 @dataclass
@@ -176,7 +147,7 @@ async def run_cell(
     import aiohttp
 
     url = base_url + "/v1/chat/completions"
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    headers = bearer(args.api_key)
     records: list[RequestRecord] = []
     next_index = 0
     t0 = time.perf_counter()
@@ -209,9 +180,12 @@ async def run_cell(
 def cell_summary(records: list[RequestRecord], duration: float) -> dict[str, Any]:
     ok = [r for r in records if r.ok]
     tokens = sum(r.output_tokens for r in ok)
-    drafts = sum((r.spec or {}).get("num_drafts", 0) for r in ok)
-    dtok = sum((r.spec or {}).get("num_draft_tokens", 0) for r in ok)
-    acc = sum((r.spec or {}).get("num_accepted_tokens", 0) for r in ok)
+    rate, length = st.acceptance(
+        *(
+            sum((r.spec or {}).get(k, 0) for r in ok)
+            for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+        )
+    )
 
     def pct(values: list[float | None]) -> dict[str, float | None]:
         return {k: st.round_or_none(v, 5) for k, v in st.percentiles(values).items()}
@@ -232,71 +206,9 @@ def cell_summary(records: list[RequestRecord], duration: float) -> dict[str, Any
         "tokens_per_chunk": st.round_or_none(tokens / sum(r.num_chunks for r in ok))
         if ok and any(r.num_chunks for r in ok)
         else None,
-        "acceptance_rate": round(acc / dtok, 4) if dtok else None,
-        "mean_acceptance_length": round(1 + acc / drafts, 4) if drafts else None,
+        "acceptance_rate": st.round_or_none(rate),
+        "mean_acceptance_length": st.round_or_none(length),
     }
-
-
-# --- server launch -------------------------------------------------------------------------------------
-@dataclass
-class Launched:
-    process: subprocess.Popen
-    base_url: str
-    log_path: Path
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-
-
-def launch_server(
-    server_args: list[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None
-) -> Launched:
-    """Start `specserve serve` on 127.0.0.1 (free port) and wait for its ready line (also used by tests)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "specserve.api.cli",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        *server_args,
-    ]
-    log = open(log_path, "w")  # noqa: SIM115 - owned by the server process for its lifetime
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or dict(os.environ))
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        text = log_path.read_text(errors="replace")
-        m = re.search(r"Server ready on (http://[\d.]+:\d+)", text)
-        if m:
-            return Launched(proc, m.group(1), log_path)
-        if proc.poll() is not None:
-            raise BenchError(f"server exited with {proc.returncode}:\n{text[-2000:]}")
-        time.sleep(0.2)
-    proc.kill()
-    proc.wait(10)
-    raise BenchError(f"server not ready within {timeout_s:.0f} s; log: {log_path}")
-
-
-async def server_info(base_url: str, api_key: str | None) -> dict[str, Any]:
-    import aiohttp
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        async with (
-            aiohttp.ClientSession() as s,
-            s.get(base_url + "/v1/models", headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as r,
-        ):
-            return {"models": await r.json()} if r.status == 200 else {"models_status": r.status}
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        return {"error": str(exc)}
 
 
 # --- the benchmark -------------------------------------------------------------------------------------
@@ -341,12 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--request-timeout", type=float, default=600, help="per-request timeout in s")
     r.add_argument("--max-total-requests", type=int, default=2000, help="refuse plans larger than this")
     r.add_argument("--quick", action="store_true", help="levels 1,2,4, 32 tokens, 4 requests per cell")
-    o = p.add_argument_group("output")
-    o.add_argument(
-        "--output-dir", default=None, help="where serve.json/.md/.png go (default bench-results/serve-<time>)"
-    )
-    o.add_argument("--no-plots", action="store_true")
-    o.add_argument("--no-progress", action="store_true")
+    add_output_args(p, "serve")
     return p
 
 
@@ -369,6 +276,8 @@ def _plan(args: argparse.Namespace) -> tuple[list[int], list[str], dict[int, int
 async def sweep(
     base_url: str, args: argparse.Namespace, levels: list[int], modes: list[str], per: dict[int, int]
 ) -> list[dict[str, Any]]:
+    """Warm-up, then the harness's rounds, level by level: each (level, repeat) runs every mode (arm) on
+    the same prompts in the same order, the mode order rotating from one round to the next."""
     prompts = load_prompts(parse_categories(args.categories))
     total = sum(per.values()) * len(modes) * args.repeats + args.warmup * len(modes)
     bar = progress(total, "bench serve", disable=args.no_progress)
@@ -377,19 +286,17 @@ async def sweep(
             await run_cell(base_url, prompts, 1, 1, mode, _warm_args(args), i, lambda: bar.update(1))
     cells = []
     start = 0
-    for li, c in enumerate(levels):
-        for rep in range(args.repeats):
-            order = modes if (li + rep) % 2 == 0 else modes[::-1]
-            for mode in order:
-                bar.set_postfix_str(f"concurrency {c} spec {mode}")
-                # Both modes of a (level, repeat) see the same prompts in the same order.
-                records, duration = await run_cell(
-                    base_url, prompts, c, per[c], mode, args, start, lambda: bar.update(1)
-                )
-                cells.append(
-                    {"concurrency": c, "mode": mode, "repeat": rep, **cell_summary(records, duration)}
-                )
-            start += per[c]
+    for rnd in rounds(modes, levels, args.repeats, repeats_outer=False):
+        c = rnd.item
+        for mode in rnd.arms:
+            bar.set_postfix_str(f"concurrency {c} spec {mode}")
+            records, duration = await run_cell(
+                base_url, prompts, c, per[c], mode, args, start, lambda: bar.update(1)
+            )
+            cells.append(
+                {"concurrency": c, "mode": mode, "repeat": rnd.repeat, **cell_summary(records, duration)}
+            )
+        start += per[c]
     bar.close()
     return cells
 
@@ -419,36 +326,26 @@ def summarize(cells: list[dict[str, Any]], levels: list[int], modes: list[str]) 
                 "failed": sum(x["failed"] for x in cs),
             }
         if "on" in modes and "off" in modes:
-            on = {
-                x["repeat"]: x["output_tokens_per_s"]
-                for x in cells
-                if x["concurrency"] == c and x["mode"] == "on"
-            }
-            off = {
-                x["repeat"]: x["output_tokens_per_s"]
-                for x in cells
-                if x["concurrency"] == c and x["mode"] == "off"
-            }
-            row["spec_speedup_output_tokens_per_s"] = st.round_or_none(st.median_paired_ratio(on, off))
+            level = [x for x in cells if x["concurrency"] == c]
+            on = keyed((x for x in level if x["mode"] == "on"), "output_tokens_per_s", "repeat")
+            off = keyed((x for x in level if x["mode"] == "off"), "output_tokens_per_s", "repeat")
+            row["spec_speedup_output_tokens_per_s"] = st.round_or_none(st.compare(on, off).median)
         out.append(row)
     return out
 
 
-def run_benchmark(args: argparse.Namespace, argv: list[str], server_args: list[str]) -> dict[str, Any]:
+def _apply_quick(args: argparse.Namespace) -> None:
     if args.quick:
         if args.concurrency == "1,2,4,8,16":
             args.concurrency = "1,2,4"
         args.max_tokens = 32 if args.max_tokens == 64 else args.max_tokens
         args.requests_per_level = args.requests_per_level or 4
-    if bool(args.base_url) == bool(args.launch):
-        raise BenchError("give exactly one of --base-url URL or --launch [-- server flags]")
-    if server_args and not args.launch:
-        raise BenchError("server flags after -- only make sense with --launch")
-    levels, modes, per = _plan(args)
-    if args.base_url:
-        check_loopback(args.base_url)  # refuse before creating anything
-    out_dir = Path(args.output_dir) if args.output_dir else default_output_dir("serve")
-    out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _measure(
+    args: argparse.Namespace, server_args: list[str], levels: list[int], modes: list[str], per: dict[int, int]
+) -> tuple[str, dict[str, Any], list[dict[str, Any]], float]:
+    """(base URL, server info, cells, seconds): the sweep against the given or a launched server."""
     launched = None
     try:
         if args.launch:
@@ -460,15 +357,25 @@ def run_benchmark(args: argparse.Namespace, argv: list[str], server_args: list[s
         t0 = time.perf_counter()
         info = asyncio.run(server_info(base_url, args.api_key))
         cells = asyncio.run(sweep(base_url, args, levels, modes, per))
-        bench_s = time.perf_counter() - t0
+        return base_url, info, cells, time.perf_counter() - t0
     finally:
         if launched is not None:
             launched.stop()
+
+
+def run_benchmark(args: argparse.Namespace, argv: list[str], server_args: list[str]) -> dict[str, Any]:
+    _apply_quick(args)
+    if bool(args.base_url) == bool(args.launch):
+        raise BenchError("give exactly one of --base-url URL or --launch [-- server flags]")
+    if server_args and not args.launch:
+        raise BenchError("server flags after -- only make sense with --launch")
+    levels, modes, per = _plan(args)
+    if args.base_url:
+        check_loopback(args.base_url)  # refuse before creating anything
+    out_dir = output_dir(args, "serve")
+    base_url, info, cells, bench_s = _measure(args, server_args, levels, modes, per)
     report = {
-        "schema": SCHEMA,
-        "created": now_iso(),
-        "command": command_line("serve", argv),
-        "machine": machine_info(),
+        **envelope(SCHEMA, "serve", argv),
         "server": {"base_url": base_url, "launched_with": server_args if args.launch else None, **info},
         "config": {
             "concurrency": levels,
@@ -486,158 +393,8 @@ def run_benchmark(args: argparse.Namespace, argv: list[str], server_args: list[s
         "cells": cells,
         "files": {},
     }
-    write_outputs(report, out_dir, plots=not args.no_plots)
+    write_report(report, out_dir, "serve", serve_report.markdown, serve_report.plot, not args.no_plots)
     return report
-
-
-def markdown(report: dict[str, Any]) -> str:
-    cfg, mach = report["config"], report["machine"]
-    lines = [
-        "# specserve bench serve",
-        "",
-        f"`{report['command']}`",
-        "",
-        f"Machine: {mach.get('cpu_model')}, {mach.get('cpu_count')} CPUs, {mach.get('memory_gib')} GiB; "
-        f"{report['created']}. Server: {report['server']['base_url']}"
-        + (
-            f" launched with `{' '.join(report['server']['launched_with'])}`"
-            if report["server"].get("launched_with")
-            else ""
-        )
-        + ".",
-        "",
-        f"Streaming chat completions, greedy, {cfg['max_tokens']} output tokens (EOS ignored), requests per "
-        f"cell {cfg['requests_per_level']}, {cfg['repeats']} repeat(s); speculation toggled per request on one "
-        "server. ITL = gap between streamed chunks (a chunk may carry several accepted tokens); "
-        "TPOT = (E2E - TTFT) / (tokens - 1).",
-        "",
-    ]
-    header = [
-        "concurrency",
-        "spec",
-        "req/s",
-        "out tok/s",
-        "TTFT p50/p90/p99 s",
-        "ITL p50/p90/p99 s",
-        "TPOT p50 s",
-        "E2E p50 s",
-        "accept rate",
-        "mean accept len",
-        "failed",
-    ]
-    rows = []
-    for cell in report["cells"]:
-
-        def trio(d: dict[str, float | None]) -> str:
-            return "/".join(fmt(d.get(k), 3) for k in ("p50", "p90", "p99"))
-
-        rows.append(
-            [
-                str(cell["concurrency"]) + (f" (r{cell['repeat']})" if cfg["repeats"] > 1 else ""),
-                cell["mode"],
-                fmt(cell["requests_per_s"], 3),
-                fmt(cell["output_tokens_per_s"]),
-                trio(cell["ttft_s"]),
-                trio(cell["itl_s"]),
-                fmt(cell["tpot_s"]["p50"], 3),
-                fmt(cell["e2e_s"]["p50"], 2),
-                fmt(cell["acceptance_rate"]),
-                fmt(cell["mean_acceptance_length"]),
-                str(cell["failed"]),
-            ]
-        )
-    lines += [md_table(header, rows), ""]
-    if any("spec_speedup_output_tokens_per_s" in s for s in report["summary"]):
-        rows = [
-            [
-                str(s["concurrency"]),
-                fmt(s["off"]["output_tokens_per_s"]),
-                fmt(s["on"]["output_tokens_per_s"]),
-                fmt(s.get("spec_speedup_output_tokens_per_s"), 2, "x"),
-            ]
-            for s in report["summary"]
-        ]
-        lines += [
-            "Speculation on vs off (output tokens/s, median of paired repeats):",
-            "",
-            md_table(["concurrency", "off", "on", "on / off"], rows),
-            "",
-        ]
-        base = report["summary"][0]
-        if base["concurrency"] == 1:
-            rows = [
-                [
-                    str(s["concurrency"]),
-                    *(
-                        fmt((s[m]["output_tokens_per_s"] or 0) / base[m]["output_tokens_per_s"], 2, "x")
-                        if base[m]["output_tokens_per_s"]
-                        else "–"
-                        for m in ("off", "on")
-                    ),
-                ]
-                for s in report["summary"]
-            ]
-            lines += [
-                "Total output tokens/s relative to concurrency 1:",
-                "",
-                md_table(["concurrency", "spec off", "spec on"], rows),
-                "",
-            ]
-    for f in report["files"].get("plots", []):
-        lines.append(f"![{Path(f).stem}]({Path(f).name})")
-    return "\n".join(lines).rstrip() + "\n"
-
-
-def plot(report: dict[str, Any], out_dir: Path) -> list[str]:
-    plt = use_agg()
-    if plt is None:
-        logger.warning("matplotlib not installed: no plots (pip install matplotlib)")
-        return []
-    summ = report["summary"]
-    modes = report["config"]["modes"]
-    xs = [s["concurrency"] for s in summ]
-    fig, axes = plt.subplots(1, 3, figsize=(10, 3))
-    panels = [
-        ("output_tokens_per_s", "output tokens/s", 1.0),
-        ("itl_p50_s", "ITL p50 (ms)", 1000.0),
-        ("ttft_p50_s", "TTFT p50 (ms)", 1000.0),
-    ]
-    for ax, (key, label, scale) in zip(axes, panels, strict=True):
-        for mode in modes:
-            ys = [(s[mode][key] or 0) * scale for s in summ]
-            color = "tab:orange" if mode == "on" else "tab:blue"
-            ax.plot(xs, ys, marker="o", color=color, label=f"spec {mode}")
-            if key == "itl_p50_s":
-                ax.plot(
-                    xs,
-                    [(s[mode]["tpot_p50_s"] or 0) * scale for s in summ],
-                    marker="x",
-                    color=color,
-                    linestyle="--",
-                    label=f"TPOT p50 spec {mode}",
-                )
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(xs)
-        ax.set_xticklabels([str(x) for x in xs])
-        ax.set_xlabel("concurrency", fontsize=8)
-        ax.set_title(label, fontsize=9)
-        ax.tick_params(labelsize=8)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out_dir / "serve.png"
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return [str(path)]
-
-
-def write_outputs(report: dict[str, Any], out_dir: Path, plots: bool = True) -> None:
-    report["files"] = {
-        "json": str(out_dir / "serve.json"),
-        "markdown": str(out_dir / "serve.md"),
-        "plots": plot(report, out_dir) if plots else [],
-    }
-    write_json(out_dir / "serve.json", report)
-    (out_dir / "serve.md").write_text(markdown(report))
 
 
 def main(argv: list[str]) -> int:
@@ -650,6 +407,5 @@ def main(argv: list[str]) -> int:
     except BenchError as exc:
         print(f"specserve bench serve: {exc}", file=sys.stderr)
         return 2
-    sys.stdout.write(markdown(report))
-    print(f"\nwrote {report['files']['json']}", file=sys.stderr)
+    print_report(report, serve_report.markdown)
     return 0

@@ -1,0 +1,152 @@
+"""The human side of a `bench serve` report: serve.md and serve.png, drawn from the report dict alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .common import fmt, md_table
+from .harness import plot_links, pyplot, save_figure
+
+Report = dict[str, Any]
+CELL_HEADER = [
+    "concurrency",
+    "spec",
+    "req/s",
+    "out tok/s",
+    "TTFT p50/p90/p99 s",
+    "ITL p50/p90/p99 s",
+    "TPOT p50 s",
+    "E2E p50 s",
+    "accept rate",
+    "mean accept len",
+    "failed",
+]
+
+
+def markdown(report: Report) -> str:
+    lines = _intro(report)
+    lines += [
+        md_table(CELL_HEADER, [_cell_row(cell, report["config"]["repeats"]) for cell in report["cells"]]),
+        "",
+    ]
+    if any("spec_speedup_output_tokens_per_s" in s for s in report["summary"]):
+        lines += _on_vs_off(report["summary"])
+        lines += _scaling(report["summary"])
+    lines += plot_links(report)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _intro(report: Report) -> list[str]:
+    cfg, mach = report["config"], report["machine"]
+    launched = report["server"].get("launched_with")
+    return [
+        "# specserve bench serve",
+        "",
+        f"`{report['command']}`",
+        "",
+        f"Machine: {mach.get('cpu_model')}, {mach.get('cpu_count')} CPUs, {mach.get('memory_gib')} GiB; "
+        f"{report['created']}. Server: {report['server']['base_url']}"
+        + (f" launched with `{' '.join(launched)}`" if launched else "")
+        + ".",
+        "",
+        f"Streaming chat completions, greedy, {cfg['max_tokens']} output tokens (EOS ignored), requests per "
+        f"cell {cfg['requests_per_level']}, {cfg['repeats']} repeat(s); speculation toggled per request on one "
+        "server. ITL = gap between streamed chunks (a chunk may carry several accepted tokens); "
+        "TPOT = (E2E - TTFT) / (tokens - 1).",
+        "",
+    ]
+
+
+def _cell_row(cell: dict[str, Any], repeats: int) -> list[str]:
+    def trio(d: dict[str, float | None]) -> str:
+        return "/".join(fmt(d.get(k), 3) for k in ("p50", "p90", "p99"))
+
+    return [
+        str(cell["concurrency"]) + (f" (r{cell['repeat']})" if repeats > 1 else ""),
+        cell["mode"],
+        fmt(cell["requests_per_s"], 3),
+        fmt(cell["output_tokens_per_s"]),
+        trio(cell["ttft_s"]),
+        trio(cell["itl_s"]),
+        fmt(cell["tpot_s"]["p50"], 3),
+        fmt(cell["e2e_s"]["p50"], 2),
+        fmt(cell["acceptance_rate"]),
+        fmt(cell["mean_acceptance_length"]),
+        str(cell["failed"]),
+    ]
+
+
+def _on_vs_off(summary: list[dict[str, Any]]) -> list[str]:
+    rows = [
+        [
+            str(s["concurrency"]),
+            fmt(s["off"]["output_tokens_per_s"]),
+            fmt(s["on"]["output_tokens_per_s"]),
+            fmt(s.get("spec_speedup_output_tokens_per_s"), 2, "x"),
+        ]
+        for s in summary
+    ]
+    return [
+        "Speculation on vs off (output tokens/s, median of paired repeats):",
+        "",
+        md_table(["concurrency", "off", "on", "on / off"], rows),
+        "",
+    ]
+
+
+def _scaling(summary: list[dict[str, Any]]) -> list[str]:
+    """Total output tokens/s against concurrency 1 (only when the sweep starts there)."""
+    base = summary[0]
+    if base["concurrency"] != 1:
+        return []
+    rows = [
+        [
+            str(s["concurrency"]),
+            *(
+                fmt((s[m]["output_tokens_per_s"] or 0) / base[m]["output_tokens_per_s"], 2, "x")
+                if base[m]["output_tokens_per_s"]
+                else "–"
+                for m in ("off", "on")
+            ),
+        ]
+        for s in summary
+    ]
+    return [
+        "Total output tokens/s relative to concurrency 1:",
+        "",
+        md_table(["concurrency", "spec off", "spec on"], rows),
+        "",
+    ]
+
+
+def plot(report: Report, out_dir: Path) -> list[str]:
+    """Three panels against concurrency: output tokens/s, ITL (with TPOT dashed) and TTFT, per mode."""
+    plt = pyplot()
+    if plt is None:
+        return []
+    summ = report["summary"]
+    xs = [s["concurrency"] for s in summ]
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3))
+    panels = [
+        ("output_tokens_per_s", "output tokens/s", 1.0),
+        ("itl_p50_s", "ITL p50 (ms)", 1000.0),
+        ("ttft_p50_s", "TTFT p50 (ms)", 1000.0),
+    ]
+    for ax, (key, label, scale) in zip(axes, panels, strict=True):
+        for mode in report["config"]["modes"]:
+            color = "tab:orange" if mode == "on" else "tab:blue"
+            ax.plot(
+                xs, [(s[mode][key] or 0) * scale for s in summ], marker="o", color=color, label=f"spec {mode}"
+            )
+            if key == "itl_p50_s":
+                ys = [(s[mode]["tpot_p50_s"] or 0) * scale for s in summ]
+                ax.plot(xs, ys, marker="x", color=color, linestyle="--", label=f"TPOT p50 spec {mode}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs)
+        ax.set_xticklabels([str(x) for x in xs])
+        ax.set_xlabel("concurrency", fontsize=8)
+        ax.set_title(label, fontsize=9)
+        ax.tick_params(labelsize=8)
+        ax.legend(fontsize=7)
+    return [save_figure(plt, fig, out_dir / "serve.png")]

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import json
-import math
 import random
 import re
 import sys
@@ -27,9 +25,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
-from urllib.parse import urlparse
 
 import aiohttp
+
+from . import stats as st
+from .common import write_json
+from .local_server import bearer, loopback_url
 
 PROMPTS = (
     "Hi",
@@ -249,7 +250,7 @@ async def run_load(
     """`concurrency` clients send requests back to back for `duration_s` (then finish what is in flight)."""
     base_url = base_url.rstrip("/").removesuffix("/v1")
     api_url = base_url + "/v1"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    headers = bearer(api_key)
     result = LoadResult()
     start = time.monotonic()
     deadline = start + duration_s
@@ -300,15 +301,6 @@ async def run_load(
     return result
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    k = (len(values) - 1) * q / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
-
-
 def summarize(result: LoadResult) -> dict[str, Any]:
     ok = [o for o in result.outcomes if o.kind == "ok"]
     failed = [o for o in result.outcomes if o.kind == "failed"]
@@ -334,8 +326,8 @@ def summarize(result: LoadResult) -> dict[str, Any]:
         "errors": dict(sorted(errors.items(), key=lambda kv: -kv[1])[:10]),
         "requests_per_s": round(len(ok) / result.elapsed_s, 2) if result.elapsed_s else None,
         "completion_tokens": sum(o.completion_tokens for o in ok),
-        "latency_s": {f"p{q}": percentile(lat, q) for q in (50, 90, 99)} | {"max": max(lat, default=None)},
-        "ttft_s": {f"p{q}": percentile(ttft, q) for q in (50, 90, 99)} | {"max": max(ttft, default=None)},
+        "latency_s": st.percentiles(lat) | {"max": max(lat, default=None)},
+        "ttft_s": st.percentiles(ttft) | {"max": max(ttft, default=None)},
         "memory": {
             "samples": len(mem),
             "first_mib": mem[0] / 2**20 if mem else None,
@@ -386,25 +378,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def check_loopback(base_url: str) -> str:
-    """The URL without a trailing slash or /v1; SoakError unless it points at this machine."""
-    parsed = urlparse(base_url)
-    if parsed.scheme != "http" or not parsed.hostname:
-        raise SoakError(f"--base-url must look like http://127.0.0.1:PORT, got {base_url!r}")
-    host = parsed.hostname
-    if host != "localhost":
-        try:
-            loopback = ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            loopback = False
-        if not loopback:
-            raise SoakError(
-                f"--base-url host {host!r} is not a loopback address; soak only targets this machine"
-            )
-    try:
-        parsed.port  # noqa: B018 - raises ValueError for a bad port
-    except ValueError:
-        raise SoakError(f"--base-url has a bad port: {base_url!r}") from None
-    return base_url.rstrip("/").removesuffix("/v1")
+    """The URL without a trailing slash or /v1; SoakError unless it points at this machine (plain http)."""
+    return loopback_url(base_url, SoakError, schemes=("http",), who="soak")
 
 
 def parse_duration(text: str) -> float:
@@ -459,7 +434,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 async def _reachable(base_url: str, api_key: str | None) -> str | None:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    headers = bearer(api_key)
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s,
@@ -503,7 +478,7 @@ def main(argv: list[str]) -> None:
     summary = summarize(result)
     print(render(summary), flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": _jsonable(vars(args)), "summary": summary}, indent=2))
+        write_json(Path(args.json), {"args": _jsonable(vars(args)), "summary": summary})
     if summary["failed"]:
         raise SystemExit(1)
 

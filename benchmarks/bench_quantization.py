@@ -23,12 +23,16 @@ import argparse
 import gc
 import json
 import os
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from . import llama_cpp_peer
+from . import stats as st
+from .common import md_table
+from .harness import rounds
 
 TARGET = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 DRAFT = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
@@ -73,6 +77,11 @@ class RunResult:
     k: int | None = None  # draft tokens per verification, for speculative configs
 
 
+def _decode_tok_s(num_tokens: int, elapsed_s: float, first_token_s: float | None) -> float:
+    """Tokens after the first over the time after the first: the prompt's prefill is not decode."""
+    return (num_tokens - 1) / max(elapsed_s - (first_token_s or 0.0), 1e-9)
+
+
 def run_engine(cfg: RunConfig, args: argparse.Namespace, repeat: int) -> RunResult:
     from specserve.engine import LLM, SamplingParams
 
@@ -99,14 +108,13 @@ def run_engine(cfg: RunConfig, args: argparse.Namespace, repeat: int) -> RunResu
     k_used = llm.engine.config.num_speculative_tokens
     del llm
     gc.collect()
-    n = len(out.token_ids)
-    ttft = out.first_token_s or 0.0
-    decode_s = max(out.elapsed_s - ttft, 1e-9)
-    spec = out.spec
-    rate = spec.num_accepted_tokens / spec.num_draft_tokens if spec.num_draft_tokens else None
-    mal = 1 + spec.num_accepted_tokens / spec.num_drafts if spec.num_drafts else None
+    n, spec = len(out.token_ids), out.spec
+    rate, mal = st.acceptance(spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens)
+    tok_s = _decode_tok_s(n, out.elapsed_s, out.first_token_s)
     k = k_used if cfg.draft_encoding else None
-    return RunResult(cfg.name, repeat, n, (n - 1) / decode_s, ttft, load_s, rate, mal, out.token_ids, k)
+    return RunResult(
+        cfg.name, repeat, n, tok_s, out.first_token_s or 0.0, load_s, rate, mal, out.token_ids, k
+    )
 
 
 def run_llama_cpp(args: argparse.Namespace, repeat: int, gguf: Path) -> RunResult:  # pragma: no cover
@@ -115,8 +123,6 @@ def run_llama_cpp(args: argparse.Namespace, repeat: int, gguf: Path) -> RunResul
 
     from specserve.engine.models.loader import resolve_model
     from specserve.engine.tokenizer import Tokenizer
-
-    from . import llama_cpp_peer
 
     tokenizer = Tokenizer(resolve_model(args.target, cache_dir=args.cache_dir).directory)
     ids = tokenizer.apply_chat_template([{"role": "user", "content": CODE_PROMPT}])
@@ -128,9 +134,10 @@ def run_llama_cpp(args: argparse.Namespace, repeat: int, gguf: Path) -> RunResul
     out = runner.run(ids, args.max_tokens, ignore_eos=False)
     del runner, llm
     gc.collect()
-    n, ttft = len(out.token_ids), out.first_token_s or 0.0
-    decode_s = max(out.elapsed_s - ttft, 1e-9)
-    return RunResult(LLAMA_CPP.name, repeat, n, (n - 1) / decode_s, ttft, load_s, None, None, out.token_ids)
+    n, tok_s = len(out.token_ids), _decode_tok_s(len(out.token_ids), out.elapsed_s, out.first_token_s)
+    return RunResult(
+        LLAMA_CPP.name, repeat, n, tok_s, out.first_token_s or 0.0, load_s, None, None, out.token_ids
+    )
 
 
 @dataclass
@@ -188,7 +195,7 @@ def measure_step_costs(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             times[(m.name, n)].append(time.perf_counter() - t0)
     out: dict[str, dict[str, float]] = {}
     for (name, n), ts in times.items():
-        out.setdefault(name, {})[f"M={n}"] = statistics.median(ts[2:])  # first reps: warm-up
+        out.setdefault(name, {})[f"M={n}"] = st.median(ts[2:])  # first reps: warm-up
     return out
 
 
@@ -232,12 +239,12 @@ def summarize(results: list[RunResult], names: list[str]) -> dict[str, dict[str,
         rates = [r.acceptance_rate for r in runs if r.acceptance_rate is not None]
         mals = [r.mean_accepted_len for r in runs if r.mean_accepted_len is not None]
         summary[name] = {
-            "decode_tok_s_median": statistics.median(tok_s),
+            "decode_tok_s_median": st.median(tok_s),
             "decode_tok_s": tok_s,
             "num_tokens": runs[0].num_tokens,
-            "acceptance_rate": statistics.mean(rates) if rates else None,
-            "mean_accepted_len": statistics.mean(mals) if mals else None,
-            "load_s_median": statistics.median(r.load_s for r in runs),
+            "acceptance_rate": st.mean(rates),
+            "mean_accepted_len": st.mean(mals),
+            "load_s_median": st.median(r.load_s for r in runs),
             "k": runs[0].k,
             "same_tokens_as_bf16_plain": runs[0].token_ids == base_tokens if base_tokens else None,
             # Speculation is lossless w.r.t. its target: the plain run of the same target encoding.
@@ -245,6 +252,7 @@ def summarize(results: list[RunResult], names: list[str]) -> dict[str, dict[str,
                 configs.get(name), runs[0].token_ids, first_tokens
             ),
         }
+    # Ratios of medians: each run loads its own engine, so runs are minutes apart and not pairs.
     base = summary.get("bf16 plain", {}).get("decode_tok_s_median")
     peer = summary.get(LLAMA_CPP.name, {}).get("decode_tok_s_median")
     for row in summary.values():
@@ -264,45 +272,58 @@ def _same_as_own_plain(
     return token_ids == first_tokens[plain] if plain in first_tokens else None
 
 
-def markdown(summary: dict[str, dict[str, Any]]) -> str:
-    def fmt(v: Any, spec: str) -> str:
-        return "-" if v is None else format(v, spec)
+def _cell(v: Any, spec: str = "") -> str:
+    return "-" if v is None else format(v, spec)
 
-    lines = [
-        "| config | K | decode tok/s (median) | x bf16 plain | x llama.cpp | acceptance | mean accepted len"
-        " | same tokens as bf16 plain | same tokens as own plain |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---|",
+
+def markdown(summary: dict[str, dict[str, Any]]) -> str:
+    header = ["config", "K", "decode tok/s (median)", "x bf16 plain", "x llama.cpp", "acceptance"]
+    header += ["mean accepted len", "same tokens as bf16 plain", "same tokens as own plain"]
+    rows = [
+        [
+            name,
+            _cell(r.get("k")),
+            f"{r['decode_tok_s_median']:.2f}",
+            _cell(r["speedup_vs_bf16_plain"], ".2f"),
+            _cell(r.get("speedup_vs_llama_cpp"), ".2f"),
+            _cell(r["acceptance_rate"], ".2f"),
+            _cell(r["mean_accepted_len"], ".2f"),
+            _cell(r["same_tokens_as_bf16_plain"]),
+            _cell(r.get("same_tokens_as_own_plain")),
+        ]
+        for name, r in summary.items()
     ]
-    for name, r in summary.items():
-        lines.append(
-            f"| {name} | {fmt(r.get('k'), '')} | {r['decode_tok_s_median']:.2f}"
-            f" | {fmt(r['speedup_vs_bf16_plain'], '.2f')}"
-            f" | {fmt(r.get('speedup_vs_llama_cpp'), '.2f')}"
-            f" | {fmt(r['acceptance_rate'], '.2f')} | {fmt(r['mean_accepted_len'], '.2f')}"
-            f" | {fmt(r['same_tokens_as_bf16_plain'], '')} | {fmt(r.get('same_tokens_as_own_plain'), '')} |"
-        )
-    return "\n".join(lines)
+    return md_table(header, rows, align="lrrrrrrll")
 
 
 def markdown_steps(costs: dict[str, dict[str, float]], est: dict[str, Any], k: int) -> str:
-    lines = [f"| model | M=1 ms | M={k + 1} ms |", "|---|---:|---:|"]
-    for name, row in costs.items():
-        big = row.get(f"M={k + 1}")
-        lines.append(f"| {name} | {row['M=1'] * 1e3:.1f} | {'-' if big is None else f'{big * 1e3:.1f}'} |")
-    lines += [
-        "",
-        "| estimate from step costs | tok/s | x bf16 plain | mean accepted len |",
-        "|---|---:|---:|---:|",
+    def ms(seconds: float | None) -> str:
+        return "-" if seconds is None else f"{seconds * 1e3:.1f}"
+
+    ms_rows = [[name, ms(row["M=1"]), ms(row.get(f"M={k + 1}"))] for name, row in costs.items()]
+    estimates = [
+        [
+            name,
+            f"{row['tok_s']:.2f}",
+            f"{row['x_bf16_plain']:.2f}",
+            _cell(row.get("mean_accepted_len"), ".2f"),
+        ]
+        for name, row in est.items()
     ]
-    for name, row in est.items():
-        mal = row.get("mean_accepted_len")
-        lines.append(
-            f"| {name} | {row['tok_s']:.2f} | {row['x_bf16_plain']:.2f} | {'-' if mal is None else f'{mal:.2f}'} |"
-        )
-    return "\n".join(lines)
+    return "\n".join(
+        [
+            md_table(["model", "M=1 ms", f"M={k + 1} ms"], ms_rows, align="lrr"),
+            "",
+            md_table(
+                ["estimate from step costs", "tok/s", "x bf16 plain", "mean accepted len"],
+                estimates,
+                align="lrrr",
+            ),
+        ]
+    )
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", default=TARGET)
     parser.add_argument("--draft", default=DRAFT)
@@ -325,22 +346,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--acceptance-from", type=Path, default=None, help="an earlier --json-out to take acceptance from"
     )
-    args = parser.parse_args(argv)
-    from tqdm import tqdm
+    return parser
 
-    if args.threads:
-        import torch
 
-        torch.set_num_threads(args.threads)
-
+def select_configs(
+    args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> tuple[list[RunConfig], Path | None]:
+    """The arms --configs names, with llama.cpp only where it can run; and the GGUF it would run."""
     known = [c.name for c in [*CONFIGS, LLAMA_CPP]]
     wanted = known if args.configs == "all" else [n.strip() for n in args.configs.split(",")]
     unknown = [n for n in wanted if n not in known]
     if unknown:
         parser.error(f"unknown config {unknown[0]!r}; choose from: {', '.join(known)}")
     configs = [c for c in CONFIGS if c.name in wanted]
-    from . import llama_cpp_peer
-
     gguf = args.gguf or llama_cpp_peer.target_gguf(args.target, args.cache_dir)
     if not llama_cpp_peer.available():
         print("llama_cpp not importable: llama.cpp comparison skipped", file=sys.stderr)
@@ -348,6 +366,40 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.target} is not a GGUF model: llama.cpp comparison skipped", file=sys.stderr)
     elif LLAMA_CPP.name in wanted:
         configs = [*configs, LLAMA_CPP]
+    return configs, gguf
+
+
+def run_e2e(args: argparse.Namespace, configs: list[RunConfig], gguf: Path | None) -> list[RunResult]:
+    """The harness's rounds: each repeat runs every config once, in an order rotated by the repeat."""
+    from tqdm import tqdm
+
+    results: list[RunResult] = []
+    with tqdm(total=args.repeats * len(configs), desc="runs") as bar:
+        for rnd in rounds(configs, [None], args.repeats):
+            for cfg in rnd.arms:
+                bar.set_postfix_str(cfg.name)
+                if cfg.llama_cpp:
+                    assert gguf is not None  # select_configs only adds llama.cpp with a GGUF
+                    res = run_llama_cpp(args, rnd.repeat, gguf)
+                else:
+                    res = run_engine(cfg, args, rnd.repeat)
+                results.append(res)
+                tqdm.write(
+                    f"  rep {rnd.repeat} {cfg.name}: {res.decode_tok_s:.2f} tok/s ({res.num_tokens} tokens)"
+                )
+                bar.update()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    configs, gguf = select_configs(args, parser)
+    k = args.num_speculative_tokens or 5
     report: dict[str, Any] = {
         "target": args.target,
         "draft": args.draft,
@@ -357,27 +409,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     summary: dict[str, dict[str, Any]] = {}
     if args.mode in ("both", "e2e"):
-        results: list[RunResult] = []
-        with tqdm(total=args.repeats * len(configs), desc="runs") as bar:
-            for rep in range(args.repeats):
-                shift = rep % len(configs)
-                for cfg in configs[shift:] + configs[:shift]:  # rotate: no config always runs first
-                    bar.set_postfix_str(cfg.name)
-                    res = run_llama_cpp(args, rep, gguf) if cfg.llama_cpp else run_engine(cfg, args, rep)  # type: ignore[arg-type]
-                    results.append(res)
-                    tqdm.write(
-                        f"  rep {rep} {cfg.name}: {res.decode_tok_s:.2f} tok/s ({res.num_tokens} tokens)"
-                    )
-                    bar.update()
+        results = run_e2e(args, configs, gguf)
         summary = summarize(results, [c.name for c in configs])
         report["summary"] = summary
-        report["runs"] = [{k: v for k, v in asdict(r).items() if k != "token_ids"} for r in results]
+        report["runs"] = [{f: v for f, v in asdict(r).items() if f != "token_ids"} for r in results]
     elif args.acceptance_from:
         summary = json.loads(args.acceptance_from.read_text()).get("summary", {})
     if args.mode in ("both", "steps"):
         costs = measure_step_costs(args)
         report["step_costs_s"] = costs
-        report["step_estimates"] = estimate_spec(costs, summary, args.num_speculative_tokens or 5)
+        report["step_estimates"] = estimate_spec(costs, summary, k)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json_out:
@@ -387,9 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(summary))
     if "step_costs_s" in report:
         print()
-        print(
-            markdown_steps(report["step_costs_s"], report["step_estimates"], args.num_speculative_tokens or 5)
-        )
+        print(markdown_steps(report["step_costs_s"], report["step_estimates"], k))
     return 0
 
 

@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .models.decoder import CausalDecoder
 from .models.gguf_linear import GGUF_GROUP, AffineInt4, GgufLinearWeights
 from .quantization import (
     Int4Linear,
@@ -90,7 +91,7 @@ def _cache_key(source_dir: Path, gguf_path: Path | None, encoding: str, group_si
 
 
 @torch.no_grad()
-def quantize_loaded_model(model: nn.Module, plan: QuantizedLoadPlan) -> None:
+def quantize_loaded_model(model: CausalDecoder, plan: QuantizedLoadPlan) -> None:
     """Give `model` (loaded with or without its float linear weights, per the plan) its quantized
     layers: from the packed cache, else from the GGUF's blocks or the model's own float weights."""
     if plan.cached:

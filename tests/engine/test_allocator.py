@@ -40,7 +40,7 @@ def status_kib(field):
 
 from specserve.engine.memory import estimate_activation_bytes
 from specserve.engine.models.arch import ArchConfig
-from specserve.engine.models.llama import LlamaForCausalLM
+from specserve.engine.models.registry import build_decoder
 from specserve.engine.runner import SequenceInput, forward_sequences
 
 budget, max_length, rows = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
@@ -49,7 +49,7 @@ torch.set_default_dtype(torch.bfloat16)  # no float32 copy of the weights to lea
 cfg = ArchConfig(architecture="LlamaForCausalLM", vocab_size=32000, hidden_size=512, intermediate_size=2048,
     num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-5, rope_theta=1e4,
     max_position_embeddings=max_length, tie_word_embeddings=False, attention_bias=False, qk_norm=False)
-model = LlamaForCausalLM(cfg).eval()
+model = build_decoder(cfg).eval()
 block = 16
 cache = model.allocate_kv_cache(max_length, torch.bfloat16, "cpu")
 # The worst case for attention: the budget's chunk at the very end of a max_length context.
@@ -93,7 +93,7 @@ def test_cpu_kv_pool_is_zeroed_and_committed_only_where_written():
 
     from specserve.benchmarks.soak import rss_bytes
     from specserve.engine.models.arch import ArchConfig
-    from specserve.engine.models.llama import LlamaForCausalLM
+    from specserve.engine.models.registry import build_decoder
 
     def rss() -> int:
         return rss_bytes(os.getpid()) or 0
@@ -103,7 +103,7 @@ def test_cpu_kv_pool_is_zeroed_and_committed_only_where_written():
         num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=1e4,
         max_position_embeddings=64, tie_word_embeddings=False, attention_bias=False, qk_norm=False,
     )  # fmt: skip
-    model = LlamaForCausalLM(cfg)
+    model = build_decoder(cfg)
     before = rss()
     cache = model.allocate_kv_cache(1 << 22, torch.bfloat16, "cpu")  # 4 layers x K, V x 256 MiB = 2 GiB
     assert len(cache) == 4 and cache[0][0].shape == (1 << 22, 2, 16)

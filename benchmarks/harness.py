@@ -117,9 +117,10 @@ def save_figure(plt: Any, fig: Any, path: Path) -> str:
     return str(path)
 
 
-def plot_links(report: Mapping[str, Any]) -> list[str]:
-    """Markdown image lines for the report's plots (they sit next to the .md file)."""
-    return [f"![{Path(f).stem}]({Path(f).name})" for f in report["files"].get("plots", [])]
+def markdown_document(lines: list[str], report: Mapping[str, Any]) -> str:
+    """The report's Markdown lines, then its plots as images (they sit next to the .md file)."""
+    lines = [*lines, *(f"![{Path(f).stem}]({Path(f).name})" for f in report["files"].get("plots", []))]
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def write_report(

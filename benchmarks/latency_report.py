@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import fmt, md_table
-from .harness import plot_links, pyplot, save_figure
+from .harness import markdown_document, pyplot, save_figure
 from .runners import HF_PLAIN, SS_PLAIN
 
 Report = dict[str, Any]
@@ -21,8 +21,7 @@ def markdown(report: Report) -> str:
     lines += _position_table(report, methods)
     lines += _throughput(report)
     lines += _notes(report)
-    lines += plot_links(report)
-    return "\n".join(lines).rstrip() + "\n"
+    return markdown_document(lines, report)
 
 
 def _intro(report: Report) -> list[str]:

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import fmt, md_table
-from .harness import plot_links, pyplot, save_figure
+from .harness import markdown_document, pyplot, save_figure
 
 Report = dict[str, Any]
 CELL_HEADER = [
@@ -33,8 +33,7 @@ def markdown(report: Report) -> str:
     if any("spec_speedup_output_tokens_per_s" in s for s in report["summary"]):
         lines += _on_vs_off(report["summary"])
         lines += _scaling(report["summary"])
-    lines += plot_links(report)
-    return "\n".join(lines).rstrip() + "\n"
+    return markdown_document(lines, report)
 
 
 def _intro(report: Report) -> list[str]:

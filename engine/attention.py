@@ -19,7 +19,7 @@ import torch.nn.functional as F
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] int64: cache slot for each new token
-    context_slots: torch.Tensor  # [S, C] int64: slot of each context position per sequence (pad -> 0)
+    context_slots: torch.Tensor  # [S, C] int64: slot of each context position per sequence (pad -> pad_slot)
     query_index: torch.Tensor  # [S, Q] int64: flat token index of each query row (pad -> 0)
     attn_mask: torch.Tensor  # [S, 1, Q, C] bool: True where query may attend
     output_index: torch.Tensor  # [T] int64: row of each flat token inside the padded [S * Q] output
@@ -35,12 +35,18 @@ class AttentionMetadata:
         block_tables: list[list[int]],
         block_size: int,
         device: torch.device | str = "cpu",
+        pad_slot: int = 0,
     ) -> AttentionMetadata:
-        """Build metadata for sequences whose last `query_lens[i]` of `context_lens[i]` tokens are new."""
+        """Build metadata for sequences whose last `query_lens[i]` of `context_lens[i]` tokens are new.
+
+        Context positions past a sequence's length read `pad_slot` under the mask. Masked or not, a
+        NaN there would reach the output (softmax weight 0 times NaN is NaN), so the engine passes a
+        reserved slot that is never written and stays zero: one request's bad numbers cannot leak
+        into another's attention through padding."""
         num_seqs = len(query_lens)
         max_q, max_c = max(query_lens), max(context_lens)
         slot_mapping: list[int] = []
-        context_slots = torch.zeros(num_seqs, max_c, dtype=torch.int64)
+        context_slots = torch.full((num_seqs, max_c), pad_slot, dtype=torch.int64)
         query_index = torch.zeros(num_seqs, max_q, dtype=torch.int64)
         q_positions = torch.full((num_seqs, max_q), -1, dtype=torch.int64)
         output_index: list[int] = []

@@ -21,7 +21,7 @@ from .models.loader import resolve_cache_dir, resolve_model
 from .proposer import Proposer, ProposerContext
 from .proposer_registry import load_proposer
 from .quantized_loading import plan_quantized_load, quantize_loaded_model
-from .runner import SequenceInput, forward_sequences
+from .runner import SequenceInput, forward_sequences, padded_num_slots
 from .tokenizer import Tokenizer
 
 logger = logging.getLogger("specserve.engine")
@@ -127,7 +127,7 @@ def _profile_activation_bytes(
     blocks_per_seq = -(-per_seq // block_size)
     num_seqs = -(-num_tokens // per_seq)
     cache: KVCache = model.allocate_kv_cache(
-        num_seqs * blocks_per_seq * block_size, next(model.parameters()).dtype, device
+        padded_num_slots(num_seqs * blocks_per_seq * block_size), next(model.parameters()).dtype, device
     )
     seqs = [
         SequenceInput(

@@ -21,7 +21,7 @@ from .outputs import RequestOutput, TokenLogprob
 from .proposal_check import check_proposal
 from .proposer import ProposalRequest, Proposals
 from .request import FinishReason, Request
-from .runner import forward_sequences
+from .runner import forward_sequences, padded_num_slots
 from .sampler import compute_logprobs
 from .sampling_params import InvalidParameterError, SamplingParams
 from .scheduler import ScheduledRequest, Scheduler, SchedulerConfig
@@ -52,7 +52,7 @@ class EngineCore:
         self.proposer = build_proposer(config, self.model, self.tokenizer)
         plan = plan_kv_cache(config, self.model, self.proposer, self.max_length, self.max_num_batched_tokens)
         self.num_blocks = plan.num_blocks
-        num_slots = plan.num_blocks * config.block_size
+        num_slots = padded_num_slots(plan.num_blocks * config.block_size)
         self.kv_cache = self.model.allocate_kv_cache(num_slots, config.model.dtype, self.device)
         if self.proposer is not None and self.proposer.kv_bytes_per_token() > 0:
             self.proposer.bind_kv_cache(num_slots)
@@ -238,18 +238,28 @@ class EngineCore:
             self.stats.spec.verify_seconds += time.perf_counter() - t0
         return logits, hidden  # [N, vocab], [N, hidden]
 
-    def _verify(self, batch: WindowBatch, logits: torch.Tensor) -> list[list[int]]:
-        """Emitted tokens per window (accepted drafts + one recovered or bonus token)."""
-        if not batch.windows:
-            return []
-        windows = [
-            Window(w.state.request, w.draft.token_ids, w.draft.probs, w.state.generator)
-            for w in batch.windows
-        ]
-        return verify_windows(logits, windows)
+    def _verify(self, batch: WindowBatch, logits: torch.Tensor) -> list[list[int] | None]:
+        """Emitted tokens per window (accepted drafts + one recovered or bonus token); None for a
+        window whose logits are not finite (a numerical fault in that request: it alone fails)."""
+        finite_rows = torch.isfinite(logits).all(dim=-1)  # [N]
+        good = [w for w in batch.windows if bool(finite_rows[w.rows].all())]
+        if not good:
+            return [None] * len(batch.windows)
+        if len(good) < len(batch.windows):
+            logits = torch.cat([logits[w.rows] for w in good])  # the verifier wants window-ordered rows
+        emitted = verify_windows(
+            logits,
+            [Window(w.state.request, w.draft.token_ids, w.draft.probs, w.state.generator) for w in good],
+        )
+        by_window = {id(w): e for w, e in zip(good, emitted, strict=True)}
+        return [by_window.get(id(w)) for w in batch.windows]
 
     def _commit(
-        self, batch: WindowBatch, emitted_all: list[list[int]], logits: torch.Tensor, hidden: torch.Tensor
+        self,
+        batch: WindowBatch,
+        emitted_all: list[list[int] | None],
+        logits: torch.Tensor,  # [N, vocab]
+        hidden: torch.Tensor,  # [N, hidden]
     ) -> list[RequestOutput]:
         """Advance every scheduled request; append the emitted tokens of those that sampled."""
         for s in batch.scheduled:
@@ -261,6 +271,11 @@ class EngineCore:
         now = time.monotonic()
         for w, emitted in zip(batch.windows, emitted_all, strict=True):
             req = w.state.request
+            if emitted is None:
+                logger.error("request %s: non-finite logits; failing it alone", req.request_id)
+                self.stats.nonfinite_logits_requests += 1
+                outputs.append(self._fail(req, "non-finite logits (NaN or inf) in this request's forward"))
+                continue
             try:
                 outputs.append(self._commit_window(w, emitted, logits, hidden, now))
             except Exception as exc:  # one request's fault stays in that request

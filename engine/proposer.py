@@ -23,8 +23,10 @@ Exactness rules (what keeps speculative decoding lossless):
 
 KV slots: a proposer that keeps its own KV (a draft model) declares `kv_bytes_per_token()`; the
 pool is sized for target + proposer bytes per slot, and `bind_kv_cache(num_slots)` hands it the slot
-count. It then writes at the request's own slots: `request.block_ids` map position p to slot
-`block_ids[p // block_size] * block_size + p % block_size`, the same slots the target uses.
+count (allocate exactly that many: the last one is the reserved padding slot that `forward_sequences`
+reads for attention padding and nothing writes). It then writes at the request's own slots:
+`request.block_ids` map position p to slot `block_ids[p // block_size] * block_size + p % block_size`,
+the same slots the target uses.
 
 Proposers are found by name through the entry-point group `specserve.proposers` (the built-ins are
 declared there too, in pyproject.toml) or as `package.module:Class`: see `proposer_registry.py` and

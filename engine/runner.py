@@ -25,6 +25,9 @@ def forward_sequences(
     block_size: int,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:  # [sum(num_outputs), hidden]
+    """Feed every sequence's new tokens through `model` in one forward.
+
+    The cache's last slot is reserved for attention padding (see `padded_num_slots`)."""
     ids: list[int] = []
     positions: list[int] = []
     output_rows: list[int] = []
@@ -39,6 +42,7 @@ def forward_sequences(
         [s.block_ids for s in seqs],
         block_size,
         device,
+        pad_slot=kv_cache[0][0].shape[0] - 1,
     )
     with torch.inference_mode():
         return model(
@@ -48,3 +52,9 @@ def forward_sequences(
             meta,
             torch.tensor(output_rows, dtype=torch.long, device=device),
         )
+
+
+def padded_num_slots(num_slots: int) -> int:
+    """Slots to allocate for a KV cache of `num_slots` usable slots: one more, at the end, that no
+    block covers. It is never written and stays zero; padded attention positions read it."""
+    return num_slots + 1

@@ -130,6 +130,8 @@ class EngineStats:
     spec: SpecDecodingStats = field(default_factory=SpecDecodingStats)
     events: StepEvents = field(default_factory=StepEvents)
     num_steps: int = 0
+    # Requests failed because their logits held NaN/inf (the rest of their batch carried on).
+    nonfinite_logits_requests: int = 0
 
     def drain_events(self) -> StepEvents:
         events, self.events = self.events, StepEvents()

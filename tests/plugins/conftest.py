@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,20 +26,94 @@ class RepeatLastProposer(Proposer):
 '''
 
 
+def _install_single_module_plugin(root: Path, module: str, source: str, entry: str) -> None:
+    """Install a one-module proposer the way pip would: the module plus a dist-info with an entry
+    point `name = module:Class` in the group `specserve.proposers`."""
+    (root / f"{module}.py").write_text(source)
+    dist = root / f"{module}-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[specserve.proposers]\n{entry}\n")
+
+
 @pytest.fixture(scope="session")
 def toy_plugin_entry_point(tmp_path_factory):
-    """Install a third-party proposer the way pip would: a dist-info with an entry point."""
     root = tmp_path_factory.mktemp("site")
-    (root / "toy_specserve_plugin.py").write_text(TOY_PLUGIN)
-    dist = root / "toy_specserve_plugin-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-specserve-plugin\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(
-        "[specserve.proposers]\ntoy = toy_specserve_plugin:RepeatLastProposer\n"
+    _install_single_module_plugin(
+        root, "toy_specserve_plugin", TOY_PLUGIN, "toy = toy_specserve_plugin:RepeatLastProposer"
     )
     sys.path.insert(0, str(root))
     yield "toy"
     sys.path.remove(str(root))
+
+
+BROKEN_PLUGIN = '''
+import torch
+
+from specserve.engine.proposer import Proposals, Proposer
+
+
+class BrokenProposer(Proposer):
+    """A buggy third-party proposer: by the prompt's first token, each request gets one kind of bad
+    proposal, or (first token % 6 == 5) a valid one."""
+
+    name = "broken"
+
+    def propose(self, batch):
+        vocab = self.ctx.vocab_size
+        tokens, probs = [], []
+        for b in batch:
+            k = b.num_speculative_tokens
+            last = b.request.all_token_ids[-1]
+            kind = b.request.prompt_token_ids[0] % 6
+            if kind == 0:
+                tokens.append([vocab + 7, last][:k]), probs.append(None)  # id outside the vocabulary
+            elif kind == 1:
+                tokens.append([last] * k), probs.append(torch.full((vocab,), 1.0 / vocab))  # 1-D q
+            elif kind == 2:
+                tokens.append([last] * k), probs.append(torch.full((k, vocab), 0.5))  # rows sum to vocab/2
+            elif kind == 3:
+                q = torch.full((k, vocab), 1.0 / vocab)
+                q[0, 0] = float("nan")
+                tokens.append([last] * k), probs.append(q)  # not finite
+            elif kind == 4:
+                q = torch.full((k, vocab), 2.0 / vocab)
+                q[:, : vocab // 2] = 0.0
+                q[0, 0], q[0, 1] = -0.5, 0.5
+                tokens.append([last] * k), probs.append(q)  # a negative entry
+            else:
+                tokens.append([last] * k), probs.append(None)  # valid (often rejected, still exact)
+        return Proposals(tokens, probs)
+'''
+
+
+@pytest.fixture(scope="session")
+def broken_plugin_entry_point(tmp_path_factory):
+    root = tmp_path_factory.mktemp("broken-site")
+    _install_single_module_plugin(
+        root, "broken_specserve_plugin", BROKEN_PLUGIN, "broken = broken_specserve_plugin:BrokenProposer"
+    )
+    sys.path.insert(0, str(root))
+    yield "broken"
+    sys.path.remove(str(root))
+
+
+EXAMPLE_PLUGIN = Path(__file__).resolve().parents[2] / "examples" / "specserve-bigram-proposer"
+
+
+@pytest.fixture(scope="session")
+def example_plugin_entry_point(tmp_path_factory):
+    """pip-install the out-of-tree example plugin (examples/) into a private folder on sys.path; the
+    engine finds it through its `specserve.proposers` entry point, as after `pip install` for a user."""
+    target = tmp_path_factory.mktemp("example-plugin-site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
+        + ["--target", str(target), str(EXAMPLE_PLUGIN)],
+        check=True,
+    )
+    sys.path.insert(0, str(target))
+    yield "bigram"
+    sys.path.remove(str(target))
 
 
 @pytest.fixture(scope="session")

@@ -37,10 +37,12 @@ def _method_kwargs(method, request):
         }
     if method == "toy":
         return {"speculative_method": request.getfixturevalue("toy_plugin_entry_point")}
+    if method == "bigram":
+        return {"speculative_method": request.getfixturevalue("example_plugin_entry_point")}
     return {"speculative_method": method}
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model", "medusa", "toy"])
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "medusa", "toy", "bigram"])
 @pytest.mark.parametrize(
     "engine_kwargs",
     [
@@ -102,17 +104,15 @@ def _chi_square_p_value(a: list[tuple], b: list[tuple]) -> float:
     return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat / 2))
 
 
-@pytest.mark.parametrize("method", ["draft_model", "ngram"])
-def test_sampled_sequences_follow_target_distribution(tiny_llama_dir, tiny_draft_dir, method):
+@pytest.mark.parametrize("method", ["draft_model", "ngram", "bigram"])
+def test_sampled_sequences_follow_target_distribution(tiny_llama_dir, tiny_draft_dir, method, request):
     prompt = [11, 12, 13, 11, 12, 13, 11, 12]
     n = 1500
     params = [
         SamplingParams(max_tokens=5, temperature=1.0, top_k=3, seed=i, ignore_eos=True) for i in range(n)
     ]
     base = make_llm(tiny_llama_dir, max_batch_size=64)
-    kwargs = {"speculative_method": method, "num_speculative_tokens": 3, "max_batch_size": 64}
-    if method == "draft_model":
-        kwargs["draft_model_path"] = str(tiny_draft_dir)
+    kwargs = {**_method_kwargs(method, request), "num_speculative_tokens": 3, "max_batch_size": 64}
     spec = make_llm(tiny_llama_dir, **kwargs)
     a = [tuple(o.token_ids) for o in base.generate([prompt] * n, params, use_chat_template=False)]
     # Different seeds for the speculative run: independent samples, not the same random stream.

@@ -134,7 +134,7 @@ async def version(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     exporter = request.app[METRICS_KEY]
-    exporter.update(request.app[ENGINE_KEY].core)
+    exporter.update(request.app[ENGINE_KEY].snapshot())
     return web.Response(body=exporter.render(), headers={"Content-Type": CONTENT_TYPE})
 
 
@@ -157,15 +157,16 @@ def build_app(
         middlewares=[error_middleware, auth_middleware(api_key, open_paths or {"/health", "/metrics"})],
         client_max_size=max_request_bytes,
     )
-    exporter = MetricsExporter(model_name, engine.core)
+    exporter = MetricsExporter(model_name, engine.snapshot())
     app[ENGINE_KEY] = engine
-    app[SERVING_KEY] = OpenAIServing(engine, model_name, engine.core.tokenizer, max_waiting)
+    app[SERVING_KEY] = OpenAIServing(engine, model_name, engine.tokenizer, max_waiting)
     app[METRICS_KEY] = exporter
     app[OPTIONS_KEY] = {"read_timeout": read_timeout, "started": int(time.time())}
 
-    def on_step(core) -> None:
-        exporter.update(core)
-        exporter.maybe_log(core, log_stats_interval)
+    def on_step() -> None:
+        snapshot = engine.snapshot()
+        exporter.update(snapshot)
+        exporter.maybe_log(snapshot, log_stats_interval)
 
     engine.on_step = on_step
     app.router.add_post("/v1/chat/completions", chat_completions)

@@ -1,29 +1,41 @@
-"""Prometheus exporter: turns the engine's plain stats dataclasses into metrics after every step.
+"""Prometheus exporter: turns the engine's stats snapshots into metrics after every step.
+
+Every exported series is declared once, in `SERIES` (name, type, help, labels, how to read it from an
+`EngineSnapshot`); the exporter, the README's metric list and the monitoring tests are driven by it.
+Adding a metric = one field in EngineSnapshot + one row here.
 
 Names mirror vLLM v1 with the prefix `specserve:` so dashboards port by a prefix change
 (prometheus-client appends `_total` to counters, `_bucket`/`_sum`/`_count` to histograms and `_info`
 to the info metric). Every series carries `model_name`; speculative-decoding series also carry
 `proposer`. One CollectorRegistry per server (no global registry), so several servers can live in
-one process.
+one process. This is the only module that imports prometheus_client.
 
 `update()` runs on the event loop, after each engine step and on every scrape, possibly while the
-next step runs in the worker thread. It therefore reads each engine counter once (a snapshot) and
-exports the difference to the previous snapshot, so nothing is lost or counted twice whatever it
-races with; the drained per-step events are re-checked once for items appended late.
+next step runs in the worker thread. It therefore works from snapshots (each engine counter read
+once) and exports the difference to the previous snapshot, so nothing is lost or counted twice
+whatever it races with; the previous snapshot's drained events are re-checked once for items
+appended late.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from specserve.engine.engine_core import EngineCore
 from specserve.engine.request import FinishReason
-from specserve.engine.stats import StepEvents
+from specserve.engine.sampling_params import MAX_NUM_SPECULATIVE_TOKENS
+from specserve.engine.stats import (
+    EngineSnapshot,
+    acceptance_rate,
+    mean_acceptance_length,
+    per_position_acceptance,
+)
 
 logger = logging.getLogger("specserve.stats")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -48,240 +60,306 @@ _LATENCY_BUCKETS = (
     40.0,
     80.0,
 )
-_MAX_SPEC_TOKENS = 32  # the engine's bound on k (EngineConfig.validate)
+
+Kind = Literal["counter", "gauge", "histogram", "info"]
+# What a row's reader returns, by kind -- counter: the cumulative value, or {label value: cumulative
+# value} for a series with a label of its own; gauge: the current value; histogram: the observations
+# in the snapshot's drained events (a sequence that only grows at the end); info: the info labels.
+Reading = float | Mapping[str, float] | Sequence[float] | Mapping[str, str]
+
+# Label values the exporter fills in itself; any other label is keyed by the reader's mapping.
+_FIXED_LABELS = ("model_name", "proposer")
+_M = ("model_name",)
+_SPEC = ("model_name", "proposer")
 
 
 @dataclass(frozen=True)
-class _Snapshot:
-    """The engine's cumulative counters, read once."""
+class Series:
+    """One exported metric family."""
 
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: tuple[int, ...] = ()
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    proposer_errors: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    num_preemptions: int = 0
-    prefix_queries: int = 0
-    prefix_hits: int = 0
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...]
+    read: Callable[[EngineSnapshot], Reading]
+    buckets: tuple[float, ...] = ()
 
-    @classmethod
-    def of(cls, core: EngineCore) -> _Snapshot:
-        st, pool = core.stats, core.kv_manager.pool
-        spec = st.spec
-        return cls(
-            spec.num_drafts,
-            spec.num_draft_tokens,
-            spec.num_accepted_tokens,
-            tuple(spec.accepted_per_position),
-            spec.draft_seconds,
-            spec.verify_seconds,
-            spec.proposer_errors,
-            st.prompt_tokens,
-            st.generation_tokens,
-            st.num_preemptions,
-            pool.num_queries,
-            pool.num_hits,
-        )
+    @property
+    def key_label(self) -> str | None:
+        """The one label whose values come from the reader (`position`, `finished_reason`), if any."""
+        keyed = [label for label in self.labels if label not in _FIXED_LABELS]
+        return keyed[0] if keyed else None
+
+    @property
+    def exposed_name(self) -> str:
+        """The name as scraped (a histogram's samples add `_bucket`, `_sum` and `_count` to it)."""
+        return {"counter": f"{self.name}_total", "info": f"{self.name}_info"}.get(self.kind, self.name)
+
+    @property
+    def sample_names(self) -> tuple[str, ...]:
+        """Every sample name a query can select (prometheus-client's `_created` samples aside)."""
+        if self.kind == "histogram":
+            return tuple(f"{self.name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
+        return (self.exposed_name,)
+
+
+def _accepted_by_position(s: EngineSnapshot) -> dict[str, int]:
+    # Positions 0..k-1 exist from the start (at 0); a later, larger k adds positions as they count.
+    n = max(len(s.accepted_per_position), s.num_speculative_tokens)
+    counts = s.accepted_per_position + (0,) * (n - len(s.accepted_per_position))
+    return {str(pos): c for pos, c in enumerate(counts)}
+
+
+def _success_by_reason(s: EngineSnapshot) -> dict[str, int]:
+    return {r.value: s.request_success.get(r.value, 0) for r in FinishReason}
+
+
+def _cache_config(s: EngineSnapshot) -> dict[str, str]:
+    return {
+        "block_size": str(s.block_size),
+        "num_blocks": str(s.num_blocks),
+        "device_memory_utilization": str(s.device_memory_utilization),
+    }
+
+
+# Registration order is exposition order.
+SERIES: tuple[Series, ...] = (
+    # --- speculative decoding (labels model_name, proposer) -----------------------------------
+    Series(
+        "specserve:spec_decode_num_drafts",
+        "counter",
+        "Verification steps with drafts",
+        _SPEC,
+        lambda s: s.num_drafts,
+    ),
+    Series(
+        "specserve:spec_decode_num_draft_tokens",
+        "counter",
+        "Draft tokens proposed",
+        _SPEC,
+        lambda s: s.num_draft_tokens,
+    ),
+    Series(
+        "specserve:spec_decode_num_accepted_tokens",
+        "counter",
+        "Draft tokens accepted",
+        _SPEC,
+        lambda s: s.num_accepted_tokens,
+    ),
+    Series(
+        "specserve:spec_decode_num_accepted_tokens_per_pos",
+        "counter",
+        "Accepted draft tokens by position in the draft (0 = first)",
+        (*_SPEC, "position"),
+        _accepted_by_position,
+    ),
+    Series(
+        "specserve:spec_decode_draft_seconds",
+        "counter",
+        "Time spent proposing drafts",
+        _SPEC,
+        lambda s: s.draft_seconds,
+    ),
+    Series(
+        "specserve:spec_decode_verify_seconds",
+        "counter",
+        "Time spent in target forward passes that verify drafts",
+        _SPEC,
+        lambda s: s.verify_seconds,
+    ),
+    Series(
+        "specserve:spec_decode_proposer_errors",
+        "counter",
+        "Proposer failures (fell back to plain)",
+        _SPEC,
+        lambda s: s.proposer_errors,
+    ),
+    Series(
+        "specserve:spec_decode_num_speculative_tokens",
+        "gauge",
+        "Current max draft tokens per verification (k; 0 = no speculation)",
+        _SPEC,
+        lambda s: s.num_speculative_tokens,
+    ),
+    Series(
+        "specserve:spec_decode_acceptance_length",
+        "histogram",
+        "Tokens emitted per verification (1 + accepted drafts)",
+        _SPEC,
+        lambda s: s.events.acceptance_lengths,
+        buckets=tuple(range(1, MAX_NUM_SPECULATIVE_TOKENS + 2)),  # one per possible length
+    ),
+    # --- tokens, requests, cache (label model_name) --------------------------------------------
+    Series(
+        "specserve:prompt_tokens",
+        "counter",
+        "Prompt tokens of finished requests",
+        _M,
+        lambda s: s.prompt_tokens,
+    ),
+    Series("specserve:generation_tokens", "counter", "Generated tokens", _M, lambda s: s.generation_tokens),
+    Series("specserve:num_preemptions", "counter", "Requests preempted", _M, lambda s: s.num_preemptions),
+    Series(
+        "specserve:request_success",
+        "counter",
+        "Finished requests",
+        (*_M, "finished_reason"),
+        _success_by_reason,
+    ),
+    Series(
+        "specserve:prefix_cache_queries",
+        "counter",
+        "Prefix cache block lookups",
+        _M,
+        lambda s: s.prefix_cache_queries,
+    ),
+    Series(
+        "specserve:prefix_cache_hits",
+        "counter",
+        "Prefix cache block hits",
+        _M,
+        lambda s: s.prefix_cache_hits,
+    ),
+    Series("specserve:num_requests_running", "gauge", "Requests running", _M, lambda s: s.num_running),
+    Series("specserve:num_requests_waiting", "gauge", "Requests waiting", _M, lambda s: s.num_waiting),
+    Series("specserve:kv_cache_usage_perc", "gauge", "KV cache usage (0-1)", _M, lambda s: s.kv_cache_usage),
+    Series("specserve:cache_config", "info", "KV cache configuration", (), _cache_config),
+    Series(
+        "specserve:time_to_first_token_seconds",
+        "histogram",
+        "Time to first token",
+        _M,
+        lambda s: [t.ttft_seconds for t in s.events.finished if t.ttft_seconds is not None],
+        buckets=_LATENCY_BUCKETS,
+    ),
+    Series(
+        "specserve:inter_token_latency_seconds",
+        "histogram",
+        "Inter-token latency",
+        _M,
+        lambda s: [gap for t in s.events.finished for gap in t.inter_token_seconds],
+        buckets=_LATENCY_BUCKETS,
+    ),
+    Series(
+        "specserve:e2e_request_latency_seconds",
+        "histogram",
+        "End-to-end request latency",
+        _M,
+        lambda s: [t.e2e_seconds for t in s.events.finished],
+        buckets=_LATENCY_BUCKETS,
+    ),
+    Series(
+        "specserve:request_queue_time_seconds",
+        "histogram",
+        "Time waiting before first schedule",
+        _M,
+        lambda s: [max(0.0, t.queue_seconds) for t in s.events.finished],
+        buckets=_LATENCY_BUCKETS,
+    ),
+)
+
+
+def markdown_table(series: Sequence[Series] = SERIES) -> str:
+    """The README's metric list (tests/api/test_metrics.py keeps the README equal to this)."""
+    rows = ["| Series | Type | Labels | Meaning |", "| --- | --- | --- | --- |"]
+    for row in series:
+        # An info metric's labels are its content.
+        names = row.read(EngineSnapshot()) if row.kind == "info" else row.labels
+        labels = ", ".join(f"`{name}`" for name in names)
+        rows.append(f"| `{row.exposed_name}` | {row.kind} | {labels} | {row.help} |")
+    return "\n".join(rows)
+
+
+def _create(row: Series, registry: CollectorRegistry) -> Counter | Gauge | Histogram | Info:
+    if row.kind == "counter":
+        return Counter(row.name, row.help, row.labels, registry=registry)
+    if row.kind == "gauge":
+        return Gauge(row.name, row.help, row.labels, registry=registry)
+    if row.kind == "histogram":
+        return Histogram(row.name, row.help, row.labels, buckets=row.buckets, registry=registry)
+    return Info(row.name, row.help, registry=registry)
 
 
 class MetricsExporter:
-    def __init__(self, model_name: str, core: EngineCore):
+    def __init__(self, model_name: str, first: EngineSnapshot, series: Sequence[Series] = SERIES):
+        """`first` supplies the static labels (proposer, cache config) and the starting values."""
         self.registry = CollectorRegistry()
         # process_resident_memory_bytes & co.: what a soak watches for leaks (Linux /proc based).
         ProcessCollector(registry=self.registry)
         self.model_name = model_name
-        self.proposer = core.proposer_name
-        r, m = self.registry, ["model_name"]
-        sm = ["model_name", "proposer"]
-        # --- speculative decoding (labels model_name, proposer) -------------------------------
-        self.spec_num_drafts = Counter(
-            "specserve:spec_decode_num_drafts", "Verification steps with drafts", sm, registry=r
-        )
-        self.spec_num_draft_tokens = Counter(
-            "specserve:spec_decode_num_draft_tokens", "Draft tokens proposed", sm, registry=r
-        )
-        self.spec_num_accepted = Counter(
-            "specserve:spec_decode_num_accepted_tokens", "Draft tokens accepted", sm, registry=r
-        )
-        self.spec_accepted_per_pos = Counter(
-            "specserve:spec_decode_num_accepted_tokens_per_pos",
-            "Accepted draft tokens by position in the draft (0 = first)",
-            [*sm, "position"],
-            registry=r,
-        )
-        self.spec_draft_seconds = Counter(
-            "specserve:spec_decode_draft_seconds", "Time spent proposing drafts", sm, registry=r
-        )
-        self.spec_verify_seconds = Counter(
-            "specserve:spec_decode_verify_seconds",
-            "Time spent in target forward passes that verify drafts",
-            sm,
-            registry=r,
-        )
-        self.spec_errors = Counter(
-            "specserve:spec_decode_proposer_errors", "Proposer failures (fell back to plain)", sm, registry=r
-        )
-        self.spec_k = Gauge(
-            "specserve:spec_decode_num_speculative_tokens",
-            "Current max draft tokens per verification (k; 0 = no speculation)",
-            sm,
-            registry=r,
-        )
-        self.spec_accept_len = Histogram(
-            "specserve:spec_decode_acceptance_length",
-            "Tokens emitted per verification (1 + accepted drafts)",
-            sm,
-            buckets=tuple(range(1, _MAX_SPEC_TOKENS + 2)),
-            registry=r,
-        )
-        # --- tokens, requests, cache (label model_name) --------------------------------------
-        self.prompt_tokens = Counter(
-            "specserve:prompt_tokens", "Prompt tokens of finished requests", m, registry=r
-        )
-        self.generation_tokens = Counter("specserve:generation_tokens", "Generated tokens", m, registry=r)
-        self.preemptions = Counter("specserve:num_preemptions", "Requests preempted", m, registry=r)
-        self.request_success = Counter(
-            "specserve:request_success", "Finished requests", [*m, "finished_reason"], registry=r
-        )
-        self.prefix_queries = Counter(
-            "specserve:prefix_cache_queries", "Prefix cache block lookups", m, registry=r
-        )
-        self.prefix_hits = Counter("specserve:prefix_cache_hits", "Prefix cache block hits", m, registry=r)
-        self.running = Gauge("specserve:num_requests_running", "Requests running", m, registry=r)
-        self.waiting = Gauge("specserve:num_requests_waiting", "Requests waiting", m, registry=r)
-        self.kv_usage = Gauge("specserve:kv_cache_usage_perc", "KV cache usage (0-1)", m, registry=r)
-        self.cache_info = Info("specserve:cache_config", "KV cache configuration", registry=r)
-
-        def latency(name: str, doc: str) -> Histogram:
-            return Histogram(name, doc, m, buckets=_LATENCY_BUCKETS, registry=r)
-
-        self.ttft = latency("specserve:time_to_first_token_seconds", "Time to first token")
-        self.itl = latency("specserve:inter_token_latency_seconds", "Inter-token latency")
-        self.e2e = latency("specserve:e2e_request_latency_seconds", "End-to-end request latency")
-        self.queue_time = latency(
-            "specserve:request_queue_time_seconds", "Time waiting before first schedule"
-        )
-
-        self.cache_info.info(
-            {
-                "block_size": str(core.config.block_size),
-                "num_blocks": str(core.num_blocks),
-                "device_memory_utilization": str(core.config.device_memory_utilization),
-            }
-        )
+        self.proposer = first.proposer_name
+        self._series = tuple(series)
+        self._metrics = {row.name: _create(row, self.registry) for row in self._series}
         # Every series exists from the start (at 0), so rate() and the dashboard work before traffic.
-        k = core.scheduler.config.num_speculative_tokens
-        self.spec_k.labels(model_name, self.proposer).set(k)
-        for c in (
-            self.spec_num_drafts,
-            self.spec_num_draft_tokens,
-            self.spec_num_accepted,
-            self.spec_draft_seconds,
-            self.spec_verify_seconds,
-            self.spec_errors,
-            self.spec_accept_len,
-        ):
-            c.labels(model_name, self.proposer)
-        for pos in range(k):
-            self.spec_accepted_per_pos.labels(model_name, self.proposer, str(pos))
-        for c in (
-            self.prompt_tokens,
-            self.generation_tokens,
-            self.preemptions,
-            self.prefix_queries,
-            self.prefix_hits,
-            self.ttft,
-            self.itl,
-            self.e2e,
-            self.queue_time,
-        ):
-            c.labels(model_name)
-        for reason in FinishReason:
-            self.request_success.labels(model_name, reason.value)
-        self.running.labels(model_name).set(0)
-        self.waiting.labels(model_name).set(0)
-        self.kv_usage.labels(model_name).set(0)
-
-        self._seen = _Snapshot()
-        # The last drained events and how much of them was exported (the engine may still append to
-        # them once if the drain raced with a step in the worker thread).
-        self._drained = StepEvents()
-        self._drained_done = (0, 0)
+        for row in self._series:
+            metric = self._metrics[row.name]
+            if row.kind == "info":
+                metric.info(row.read(first))
+            elif row.key_label is not None:
+                for key in row.read(first):
+                    metric.labels(*self._label_values(row, key))
+            elif row.kind != "gauge":  # gauges are set by update() below
+                metric.labels(*self._label_values(row))
+        self._seen = EngineSnapshot()  # what has been exported: nothing yet
+        # How many observations of each histogram the last drained events held when exported (a step
+        # that raced with the drain may still append to them once).
+        self._observed = {row.name: 0 for row in self._series if row.kind == "histogram"}
         self._last_log = time.monotonic()
-        self._logged = _Snapshot()
+        self._logged = EngineSnapshot()
+        self.update(first)
 
-    def update(self, core: EngineCore) -> None:
-        """Called after each engine step and on each scrape, on the event loop."""
-        name, prop = self.model_name, self.proposer
-        now, seen = _Snapshot.of(core), self._seen
-        self._seen = now
-        for metric, delta in (
-            (self.spec_num_drafts, now.num_drafts - seen.num_drafts),
-            (self.spec_num_draft_tokens, now.num_draft_tokens - seen.num_draft_tokens),
-            (self.spec_num_accepted, now.num_accepted_tokens - seen.num_accepted_tokens),
-            (self.spec_draft_seconds, now.draft_seconds - seen.draft_seconds),
-            (self.spec_verify_seconds, now.verify_seconds - seen.verify_seconds),
-            (self.spec_errors, now.proposer_errors - seen.proposer_errors),
-        ):
-            if delta > 0:
-                metric.labels(name, prop).inc(delta)
-        for pos, count in enumerate(now.accepted_per_position):
-            before = seen.accepted_per_position[pos] if pos < len(seen.accepted_per_position) else 0
-            if count > before:
-                self.spec_accepted_per_pos.labels(name, prop, str(pos)).inc(count - before)
-        for metric, delta in (
-            (self.prompt_tokens, now.prompt_tokens - seen.prompt_tokens),
-            (self.generation_tokens, now.generation_tokens - seen.generation_tokens),
-            (self.preemptions, now.num_preemptions - seen.num_preemptions),
-            (self.prefix_queries, now.prefix_queries - seen.prefix_queries),
-            (self.prefix_hits, now.prefix_hits - seen.prefix_hits),
-        ):
-            if delta > 0:
-                metric.labels(name).inc(delta)
-        self.spec_k.labels(name, prop).set(core.scheduler.config.num_speculative_tokens)
-        self.running.labels(name).set(core.num_running)
-        self.waiting.labels(name).set(core.num_waiting)
-        self.kv_usage.labels(name).set(core.kv_manager.pool.usage())
+    def _label_values(self, row: Series, key: str | None = None) -> list[str]:
+        fixed = {"model_name": self.model_name, "proposer": self.proposer}
+        return [fixed.get(label, key) for label in row.labels]
 
-        old, (n_len, n_fin) = self._drained, self._drained_done
-        self._observe(old.acceptance_lengths[n_len:], old.finished[n_fin:])
-        events = core.stats.drain_events()
-        self._drained = events
-        self._drained_done = (len(events.acceptance_lengths), len(events.finished))
-        self._observe(
-            events.acceptance_lengths[: self._drained_done[0]], events.finished[: self._drained_done[1]]
-        )
+    def update(self, now: EngineSnapshot) -> None:
+        """Export `now` (a snapshot newer than the last one given); called after each step and on scrape."""
+        prev, self._seen = self._seen, now
+        for row in self._series:
+            metric = self._metrics[row.name]
+            if row.kind == "counter":
+                self._add_counter(row, metric, row.read(prev), row.read(now))
+            elif row.kind == "gauge":
+                metric.labels(*self._label_values(row)).set(row.read(now))
+            elif row.kind == "histogram":
+                child = metric.labels(*self._label_values(row))
+                for value in self._new_observations(row, prev, now):
+                    child.observe(value)
 
-    def _observe(self, acceptance_lengths, finished) -> None:
-        name = self.model_name
-        for length in acceptance_lengths:
-            self.spec_accept_len.labels(name, self.proposer).observe(length)
-        for t in finished:
-            self.request_success.labels(name, t.finish_reason).inc()
-            self.e2e.labels(name).observe(t.e2e_seconds)
-            self.queue_time.labels(name).observe(max(0.0, t.queue_seconds))
-            if t.ttft_seconds is not None:
-                self.ttft.labels(name).observe(t.ttft_seconds)
-            for gap in t.inter_token_seconds:
-                self.itl.labels(name).observe(gap)
+    def _add_counter(self, row: Series, metric: Counter, before: Reading, after: Reading) -> None:
+        if row.key_label is None:
+            if after > before:
+                metric.labels(*self._label_values(row)).inc(after - before)
+            return
+        for key, value in after.items():
+            old = before.get(key, 0)
+            if value > old:
+                metric.labels(*self._label_values(row, key)).inc(value - old)
 
-    def maybe_log(self, core: EngineCore, interval: float) -> None:
+    def _new_observations(self, row: Series, prev: EngineSnapshot, now: EngineSnapshot) -> list[float]:
+        """Late items of the previous drain, then all of this one; each list read once (tuple copy)."""
+        done = self._observed[row.name]
+        if now.events is prev.events:  # the same snapshot again: only what was appended since
+            current = tuple(row.read(now))
+            self._observed[row.name] = len(current)
+            return list(current[done:])
+        late = tuple(row.read(prev))[done:]
+        current = tuple(row.read(now))
+        self._observed[row.name] = len(current)
+        return [*late, *current]
+
+    def maybe_log(self, snapshot: EngineSnapshot, interval: float) -> None:
         """Every `interval` s (0: never), one line like vLLM's; rates cover the interval since the last line."""
         now = time.monotonic()
         if interval <= 0 or now - self._last_log < interval:
             return
-        line = self.log_line(core, now)
+        line = self.log_line(snapshot, now)
         self._last_log = now
         logger.info("%s", line)
 
-    def log_line(self, core: EngineCore, now: float | None = None) -> str:
+    def log_line(self, cur: EngineSnapshot, now: float | None = None) -> str:
         now = time.monotonic() if now is None else now
-        cur, prev = _Snapshot.of(core), self._logged
-        self._logged = cur
+        prev, self._logged = self._logged, cur
         elapsed = max(now - self._last_log, 1e-9)
         drafts = cur.num_drafts - prev.num_drafts
         draft_tokens = cur.num_draft_tokens - prev.num_draft_tokens
@@ -289,21 +367,23 @@ class MetricsExporter:
         line = (
             f"Avg prompt throughput: {(cur.prompt_tokens - prev.prompt_tokens) / elapsed:.1f} tokens/s,"
             f" Avg generation throughput: {(cur.generation_tokens - prev.generation_tokens) / elapsed:.1f}"
-            f" tokens/s, Running: {core.num_running} reqs, Waiting: {core.num_waiting} reqs,"
-            f" KV cache usage: {100 * core.kv_manager.pool.usage():.1f}%"
+            f" tokens/s, Running: {cur.num_running} reqs, Waiting: {cur.num_waiting} reqs,"
+            f" KV cache usage: {100 * cur.kv_cache_usage:.1f}%"
         )
         if self.proposer == "none":
             return line
         if drafts == 0:
             return line + f" | SpecDecoding ({self.proposer}): no drafts"
-        per_pos = [
-            (c - (prev.accepted_per_position[i] if i < len(prev.accepted_per_position) else 0)) / drafts
-            for i, c in enumerate(cur.accepted_per_position)
+        before = prev.accepted_per_position
+        per_pos_accepted = [
+            c - (before[i] if i < len(before) else 0) for i, c in enumerate(cur.accepted_per_position)
         ]
+        per_pos = per_position_acceptance(per_pos_accepted, drafts)
         return line + (
-            f" | SpecDecoding ({self.proposer}): Mean acceptance length: {1 + accepted / drafts:.2f},"
+            f" | SpecDecoding ({self.proposer}): Mean acceptance length:"
+            f" {mean_acceptance_length(accepted, drafts):.2f},"
             f" Accepted: {accepted} tokens, Drafted: {draft_tokens} tokens,"
-            f" Draft acceptance rate: {100 * accepted / max(draft_tokens, 1):.1f}%,"
+            f" Draft acceptance rate: {100 * acceptance_rate(accepted, draft_tokens):.1f}%,"
             f" Per-position acceptance rate: {', '.join(f'{x:.3f}' for x in per_pos)}"
         )
 

@@ -15,6 +15,7 @@ from aiohttp import web
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.outputs import RequestOutput, TokenLogprob
 from specserve.engine.sampling_params import InvalidParameterError, SamplingParams
+from specserve.engine.stats import acceptance_rate, mean_acceptance_length
 from specserve.engine.tokenizer import Tokenizer
 
 from .errors import _TYPES, ApiError
@@ -51,8 +52,7 @@ class OpenAIServing:
             raise ApiError(
                 400, f"{n} completions (prompts x n) exceed this server's limit of {self.max_waiting}", "n"
             )
-        core = self.engine.core
-        waiting = self.engine.num_in_flight - core.num_running
+        waiting = self.engine.num_in_flight - self.engine.num_running
         if waiting + n > self.max_waiting:
             raise ApiError(
                 503, f"server at capacity: {waiting} requests waiting; retry later", code="server_overloaded"
@@ -299,8 +299,8 @@ class OpenAIServing:
                 "num_drafts": drafts,
                 "num_draft_tokens": draft_tokens,
                 "num_accepted_tokens": accepted,
-                "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
-                "mean_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
+                "acceptance_rate": acceptance_rate(accepted, draft_tokens),
+                "mean_acceptance_length": mean_acceptance_length(accepted, drafts),
             },
         }
 

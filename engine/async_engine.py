@@ -3,6 +3,9 @@
 The model work runs in a single worker thread so the event loop stays free to accept connections and
 stream tokens. A request's stream is an asyncio.Queue fed with that request's RequestOutputs; when the
 consumer goes away (client disconnect -> task cancelled) the request is aborted and its blocks freed.
+
+The API layer reads the engine only through this class (and the EngineSnapshot it hands out), never
+through the core's scheduler, KV manager or config.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 from .engine_core import EngineCore
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
+from .stats import EngineSnapshot
+from .tokenizer import Tokenizer
 
 logger = logging.getLogger("specserve.engine")
 
 
 class AsyncEngine:
-    def __init__(self, core: EngineCore, on_step: Callable[[EngineCore], None] | None = None):
+    def __init__(self, core: EngineCore, on_step: Callable[[], None] | None = None):
         self.core = core
         self.on_step = on_step
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
@@ -45,6 +50,23 @@ class AsyncEngine:
     @property
     def num_in_flight(self) -> int:
         return len(self._streams)
+
+    @property
+    def num_running(self) -> int:
+        return self.core.num_running
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.core.tokenizer
+
+    @property
+    def model_path(self) -> str | None:
+        """The target model as given on the command line (hub id, directory or file); None = the default."""
+        return self.core.config.model.model_path
+
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's stats read once; drains the per-step events, so one consumer (the exporter) calls it."""
+        return self.core.snapshot()
 
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str) -> asyncio.Queue:
         """Validate and queue a request (raises InvalidParameterError); returns its output queue."""
@@ -107,6 +129,6 @@ class AsyncEngine:
                         del self._streams[out.request_id]
             if self.on_step is not None:
                 try:
-                    self.on_step(self.core)
+                    self.on_step()
                 except Exception:
                     logger.exception("stats hook failed")

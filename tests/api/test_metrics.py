@@ -1,21 +1,25 @@
 """The Prometheus exporter against the offline engine: exact counter values after a known workload.
 
 The engine keeps two independent tallies of speculation (per request in `Request.spec`, globally in
-`EngineStats.spec`) and the exporter turns the global one into Prometheus counters step by step;
-here every exported value is checked against what the requests themselves returned.
+`EngineStats.spec`) and the exporter turns the global one (through `EngineCore.snapshot()`) into
+Prometheus counters step by step; here every exported value is checked against what the requests
+themselves returned. The exporter, the README's metric list and the monitoring tests all come from
+the one table `SERIES`; the tests at the end hold them together.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tiny_models import make_llm, mixed_prompts
 
-from specserve.api.metrics import MetricsExporter
+from specserve.api.metrics import SERIES, MetricsExporter, markdown_table
 from specserve.engine import SamplingParams
-from specserve.engine.stats import RequestTiming
+from specserve.engine.stats import EngineSnapshot, RequestTiming
 
 MODEL = "tiny"
 K = 3
@@ -79,14 +83,14 @@ def run(tiny_llama_dir):
     """A known workload (greedy, fixed seed) through the offline engine, exported after each step."""
     llm = make_llm(tiny_llama_dir, speculative_method="ngram", num_speculative_tokens=K, seed=0)
     core = llm.engine
-    exporter = MetricsExporter(MODEL, core)
+    exporter = MetricsExporter(MODEL, core.snapshot())
     before = parse(exporter.render())
 
     step, steps = core.step, []
 
     def step_and_export():  # what the server's on_step hook does
         outputs = step()
-        exporter.update(core)
+        exporter.update(core.snapshot())
         steps.append(len(outputs))
         return outputs
 
@@ -98,7 +102,7 @@ def run(tiny_llama_dir):
     stop = SamplingParams(max_tokens=24, temperature=0, stop_token_ids=[ref[6]])
     params = [greedy] * 4 + [stop, SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)]
     outs = llm.generate([*prompts[:4], prompts[1], prompts[4]], params, use_chat_template=False)
-    exporter.update(core)  # a scrape after the last step changes nothing
+    exporter.update(core.snapshot())  # a scrape after the last step changes nothing
     return llm, exporter, outs, before, parse(exporter.render()), steps
 
 
@@ -200,20 +204,23 @@ def test_late_event_after_drain_is_not_lost(run):
     """A step in the worker thread may append to the events a scrape just drained; the next update sees it."""
     llm, exporter, _, _, _, _ = run
     core = llm.engine
-    exporter.update(core)
+    exporter.update(core.snapshot())
     drained = core.stats.events  # what the engine appends to now...
-    exporter.update(core)  # ...is drained here, as if a step raced with this scrape
+    exporter.update(core.snapshot())  # ...is drained here, as if a step raced with this scrape
     drained.acceptance_lengths.append(2)
-    drained.finished.append(RequestTiming("abort", 0.0, None, 0.5, [], 3, 0))
+    drained.finished.append(RequestTiming("abort", 0.0, None, 0.5, [0.1], 3, 2))
     m0 = parse(exporter.render())
-    exporter.update(core)
-    exporter.update(core)  # counted once only
+    again = core.snapshot()
+    exporter.update(again)
+    exporter.update(again)  # the same snapshot twice: counted once only
+    exporter.update(core.snapshot())
     m1 = parse(exporter.render())
-    h = "specserve:spec_decode_acceptance_length_count"
-    assert value(m1, h) == value(m0, h) + 1
-    e2e = "specserve:e2e_request_latency_seconds_count"
-    assert value(m1, e2e) == value(m0, e2e) + 1
-    assert value(m1, "specserve:request_success_total", finished_reason="abort") == 1
+    for h in (
+        "specserve:spec_decode_acceptance_length_count",
+        "specserve:e2e_request_latency_seconds_count",
+        "specserve:inter_token_latency_seconds_count",
+    ):
+        assert value(m1, h) == value(m0, h) + 1, h
 
 
 def test_log_line(run, caplog):
@@ -221,9 +228,11 @@ def test_log_line(run, caplog):
     core = llm.engine
     exporter._logged = type(exporter._logged)()  # as if nothing was logged yet
     exporter._last_log -= 100
+    snapshot = core.snapshot()
+    exporter.update(snapshot)  # what the server's on_step hook does with each snapshot
     with caplog.at_level(logging.INFO, logger="specserve.stats"):
-        exporter.maybe_log(core, 10.0)
-        exporter.maybe_log(core, 10.0)  # within the interval: silent
+        exporter.maybe_log(snapshot, 10.0)
+        exporter.maybe_log(snapshot, 10.0)  # within the interval: silent
     (record,) = caplog.records
     line = record.getMessage()
     spec = core.stats.spec
@@ -238,4 +247,51 @@ def test_log_line(run, caplog):
         "Per-position acceptance rate: " + ", ".join(f"{x:.3f}" for x in spec.per_position_acceptance()),
     ):
         assert part in line, (part, line)
-    exporter.maybe_log(core, 0)  # 0 turns logging off
+    exporter.maybe_log(snapshot, 0)  # 0 turns logging off
+
+
+# --- the table of series drives the exporter and the README ---------------------------------------
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+TABLE_START = "<!-- metrics table: generated from specserve.api.metrics.SERIES -->"
+TABLE_END = "<!-- end metrics table -->"
+
+
+def test_the_table_is_what_is_exported(run):
+    """Every exported family is a row of SERIES with its type and help, and every row is exported."""
+    _, exporter, _, _, _, _ = run
+    families = {f.name: f for f in exporter.registry.collect() if f.name.startswith("specserve:")}
+    assert set(families) == {row.name for row in SERIES}
+    for row in SERIES:
+        assert (families[row.name].type, families[row.name].documentation) == (row.kind, row.help), row.name
+    exposed = {
+        s.name
+        for f in families.values()
+        for s in f.samples
+        if not s.name.endswith("_created")  # prometheus-client's creation timestamps
+    }
+    assert exposed == {name for row in SERIES for name in row.sample_names}
+    # The labels each row declares are exactly those of its samples (histograms add `le`).
+    for f in families.values():
+        row = next(r for r in SERIES if r.name == f.name)
+        for s in f.samples:
+            keys = set(s.labels) - {"le"}
+            assert keys == (set(row.read(EngineSnapshot())) if row.kind == "info" else set(row.labels))
+
+
+def test_readme_metric_list_is_the_table():
+    text = README.read_text()
+    assert TABLE_START in text and TABLE_END in text, "the README's metric list lost its markers"
+    listed = text.split(TABLE_START, 1)[1].split(TABLE_END, 1)[0].strip()
+    expected = markdown_table()
+    assert listed == expected, (
+        f"README.md's metric list is stale; between the markers it should read:\n{expected}"
+    )
+
+
+def test_readme_names_only_exported_series():
+    """Series named anywhere in the README exist (recording rules `a:b:rate1m` and image tags aside)."""
+    mentioned = set(re.findall(r"specserve:[a-z_]+(?![\w:])", README.read_text()))
+    known = {name for row in SERIES for name in (row.name, *row.sample_names)}
+    assert mentioned, "the README names no metric at all"
+    assert mentioned <= known, mentioned - known

@@ -60,9 +60,7 @@ def main(argv: list[str] | None = None) -> None:
             print(__version__)
             return
         if args.command == "serve":
-            from .server import run_server
-
-            run_server(parse_settings(ServeSettings, args))
+            run_serve(parse_settings(ServeSettings, args))
         elif args.command == "generate":
             run_generate(parse_settings(GenerateSettings, args))
         elif args.command == "models":
@@ -100,6 +98,23 @@ def _startup_errors() -> tuple[type[BaseException], ...]:
         ValueError,
         FileNotFoundError,
     )
+
+
+def run_serve(settings) -> None:
+    """Load the engine (a load failure is one error line, not a traceback), then serve until a signal."""
+    import asyncio
+
+    from specserve.engine.engine_core import EngineCore
+
+    # Imported here, not at the top: the server's aiohttp stack is not needed by the other commands.
+    from .server import serve
+
+    config = engine_config_from(settings)
+    try:
+        core = EngineCore(config)
+    except _startup_errors() as exc:
+        raise CliError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    asyncio.run(serve(core, settings))
 
 
 def run_generate(settings) -> None:

@@ -1,4 +1,5 @@
-"""`specserve serve`: load the engine, bind, print the ready line, drain gracefully on SIGTERM/SIGINT."""
+"""`specserve serve` once the engine is loaded (api/cli.py loads it): bind, print the ready line, drain
+gracefully on SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine_core import EngineCore
 
 from .app import SERVING_KEY, build_app
-from .settings import CliError, engine_config_from
 
 logger = logging.getLogger("specserve.api")
 
@@ -40,21 +40,10 @@ def http_logger() -> logging.Logger:
     return http_log
 
 
-def run_server(settings) -> None:
-    config = engine_config_from(settings)
-    from .cli import _startup_errors
-
-    try:
-        core = EngineCore(config)
-    except _startup_errors() as exc:
-        raise CliError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
-    asyncio.run(serve(core, settings))
-
-
 async def serve(core: EngineCore, settings) -> None:
     engine = AsyncEngine(core)
     engine.start()
-    name = settings.served_model_name or core.config.model.model_path or "HuggingFaceTB/SmolLM2-135M-Instruct"
+    name = settings.served_model_name or engine.model_path or "HuggingFaceTB/SmolLM2-135M-Instruct"
     app = build_app(
         engine,
         name,

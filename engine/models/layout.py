@@ -79,5 +79,3 @@ STANDARD_LAYOUT = WeightLayout(
         }
     )
 )
-# Projections already fused in the checkpoint under our names (e.g. Phi-3's qkv_proj, gate_up_proj).
-PREFUSED_LAYOUT = WeightLayout()

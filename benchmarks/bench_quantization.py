@@ -31,7 +31,6 @@ from typing import Any
 
 from . import llama_cpp_peer
 from . import stats as st
-from .common import md_table
 from .harness import rounds
 
 TARGET = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
@@ -272,55 +271,42 @@ def _same_as_own_plain(
     return token_ids == first_tokens[plain] if plain in first_tokens else None
 
 
-def _cell(v: Any, spec: str = "") -> str:
-    return "-" if v is None else format(v, spec)
-
-
 def markdown(summary: dict[str, dict[str, Any]]) -> str:
-    header = ["config", "K", "decode tok/s (median)", "x bf16 plain", "x llama.cpp", "acceptance"]
-    header += ["mean accepted len", "same tokens as bf16 plain", "same tokens as own plain"]
-    rows = [
-        [
-            name,
-            _cell(r.get("k")),
-            f"{r['decode_tok_s_median']:.2f}",
-            _cell(r["speedup_vs_bf16_plain"], ".2f"),
-            _cell(r.get("speedup_vs_llama_cpp"), ".2f"),
-            _cell(r["acceptance_rate"], ".2f"),
-            _cell(r["mean_accepted_len"], ".2f"),
-            _cell(r["same_tokens_as_bf16_plain"]),
-            _cell(r.get("same_tokens_as_own_plain")),
-        ]
-        for name, r in summary.items()
+    def fmt(v: Any, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    lines = [
+        "| config | K | decode tok/s (median) | x bf16 plain | x llama.cpp | acceptance | mean accepted len"
+        " | same tokens as bf16 plain | same tokens as own plain |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
-    return md_table(header, rows, align="lrrrrrrll")
+    for name, r in summary.items():
+        lines.append(
+            f"| {name} | {fmt(r.get('k'), '')} | {r['decode_tok_s_median']:.2f}"
+            f" | {fmt(r['speedup_vs_bf16_plain'], '.2f')}"
+            f" | {fmt(r.get('speedup_vs_llama_cpp'), '.2f')}"
+            f" | {fmt(r['acceptance_rate'], '.2f')} | {fmt(r['mean_accepted_len'], '.2f')}"
+            f" | {fmt(r['same_tokens_as_bf16_plain'], '')} | {fmt(r.get('same_tokens_as_own_plain'), '')} |"
+        )
+    return "\n".join(lines)
 
 
 def markdown_steps(costs: dict[str, dict[str, float]], est: dict[str, Any], k: int) -> str:
-    def ms(seconds: float | None) -> str:
-        return "-" if seconds is None else f"{seconds * 1e3:.1f}"
-
-    ms_rows = [[name, ms(row["M=1"]), ms(row.get(f"M={k + 1}"))] for name, row in costs.items()]
-    estimates = [
-        [
-            name,
-            f"{row['tok_s']:.2f}",
-            f"{row['x_bf16_plain']:.2f}",
-            _cell(row.get("mean_accepted_len"), ".2f"),
-        ]
-        for name, row in est.items()
+    lines = [f"| model | M=1 ms | M={k + 1} ms |", "|---|---:|---:|"]
+    for name, row in costs.items():
+        big = row.get(f"M={k + 1}")
+        lines.append(f"| {name} | {row['M=1'] * 1e3:.1f} | {'-' if big is None else f'{big * 1e3:.1f}'} |")
+    lines += [
+        "",
+        "| estimate from step costs | tok/s | x bf16 plain | mean accepted len |",
+        "|---|---:|---:|---:|",
     ]
-    return "\n".join(
-        [
-            md_table(["model", "M=1 ms", f"M={k + 1} ms"], ms_rows, align="lrr"),
-            "",
-            md_table(
-                ["estimate from step costs", "tok/s", "x bf16 plain", "mean accepted len"],
-                estimates,
-                align="lrrr",
-            ),
-        ]
-    )
+    for name, row in est.items():
+        mal = row.get("mean_accepted_len")
+        lines.append(
+            f"| {name} | {row['tok_s']:.2f} | {row['x_bf16_plain']:.2f} | {'-' if mal is None else f'{mal:.2f}'} |"
+        )
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:

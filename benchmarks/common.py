@@ -86,10 +86,8 @@ def fmt(x: float | None, digits: int = 2, suffix: str = "") -> str:
     return f"{x:.{digits}f}{suffix}"
 
 
-def md_table(header: list[str], rows: list[list[str]], align: str | None = None) -> str:
-    """A Markdown table; `align` has one letter per column, l or r (default: no alignment marks)."""
-    marks = ["---:" if a == "r" else "---" for a in align] if align else ["---" for _ in header]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(marks) + "|"]
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
 
@@ -98,15 +96,3 @@ def progress(total: int, desc: str, disable: bool = False):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, disable=disable, file=sys.stderr, dynamic_ncols=True)
-
-
-def use_agg() -> Any:
-    """matplotlib with the Agg backend (files only, no display); None when matplotlib is missing."""
-    try:
-        import matplotlib
-    except ImportError:
-        return None
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from .common import command_line, default_output_dir, machine_info, now_iso, use_agg, write_json
+from .common import command_line, default_output_dir, machine_info, now_iso, write_json
 
 A = TypeVar("A")
 I = TypeVar("I")  # noqa: E741 - the item a round measures (a prompt, a concurrency level)
@@ -103,10 +103,15 @@ def output_dir(args: argparse.Namespace, kind: str) -> Path:
 
 
 def pyplot() -> Any:
-    """matplotlib.pyplot on Agg, or None (with a warning) when matplotlib is missing: plots are optional."""
-    plt = use_agg()
-    if plt is None:
+    """matplotlib.pyplot on Agg (files only, no display), or None with a warning: plots are optional."""
+    try:
+        import matplotlib
+    except ImportError:
         logger.warning("matplotlib not installed: no plots (pip install matplotlib)")
+        return None
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
     return plt
 
 

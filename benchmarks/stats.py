@@ -84,10 +84,6 @@ class PairedRatio:
     def ahead(self) -> int:
         return sum(r > 1 for r in self.ratios)
 
-    @property
-    def pairs(self) -> int:
-        return len(self.ratios)
-
 
 def compare(
     numerator: Mapping[Hashable, float | None], denominator: Mapping[Hashable, float | None]

@@ -5,7 +5,10 @@ An arm is one named configuration (a method, a speculation mode, a quantization)
 Machines here are shared and noisy, so arms are never run one after the other: each round runs every arm
 once, back to back on the same input, and the order rotates from round to round so no arm always goes first
 (warm caches, thermal state and load bursts spread evenly). Speed claims are then paired ratios between
-neighbours of the same round (`stats.compare`), never ratios of separate averages.
+neighbours of the same round (`keyed` + `stats.compare`), robust to a burst of load hitting one pair.
+
+A script is: arms -> `rounds` (each script runs its own arm, sync or async) -> rows and a summary ->
+`envelope` + `write_report` (<kind>.json, <kind>.md, plots) -> `print_report`.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from typing import Any
 
 from . import llama_cpp_peer
 from . import stats as st
+from .common import write_json
 from .harness import rounds
 
 TARGET = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
@@ -361,7 +362,7 @@ def run_e2e(args: argparse.Namespace, configs: list[RunConfig], gguf: Path | Non
 
     results: list[RunResult] = []
     with tqdm(total=args.repeats * len(configs), desc="runs") as bar:
-        for rnd in rounds(configs, [None], args.repeats):
+        for rnd in rounds(configs, [CODE_PROMPT], args.repeats):  # one prompt: a round per repeat
             for cfg in rnd.arms:
                 bar.set_postfix_str(cfg.name)
                 if cfg.llama_cpp:
@@ -405,10 +406,9 @@ def main(argv: list[str] | None = None) -> int:
         costs = measure_step_costs(args)
         report["step_costs_s"] = costs
         report["step_estimates"] = estimate_spec(costs, summary, k)
-    text = json.dumps(report, indent=2)
-    print(text)
+    print(json.dumps(report, indent=2))
     if args.json_out:
-        args.json_out.write_text(text + "\n")
+        write_json(args.json_out, report)
     if summary and "runs" in report:
         print()
         print(markdown(summary))

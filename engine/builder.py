@@ -15,7 +15,7 @@ from .memory import (
     plan_num_blocks,
     total_device_memory,
 )
-from .models import ArchConfig, KVCache, LlamaForCausalLM
+from .models import ArchConfig, CausalDecoder, KVCache
 from .models.factory import load_decoder
 from .models.loader import resolve_cache_dir, resolve_model
 from .proposer import Proposer, ProposerContext
@@ -29,7 +29,7 @@ logger = logging.getLogger("specserve.engine")
 
 @dataclass
 class LoadedModel:
-    model: LlamaForCausalLM
+    model: CausalDecoder
     arch: ArchConfig
     directory: Path
     notice: str | None
@@ -73,7 +73,7 @@ class KVPlan:
 
 def plan_kv_cache(
     config: EngineConfig,
-    target: LlamaForCausalLM,
+    target: CausalDecoder,
     proposer: Proposer | None,
     max_length: int,
     max_num_batched_tokens: int,
@@ -100,7 +100,9 @@ def plan_kv_cache(
         )
     else:
         # Verification windows: every running request samples k + 1 rows in one step.
-        sample_rows = min(max_num_batched_tokens, config.max_batch_size * (config.num_speculative_tokens + 1))
+        k = config.num_speculative_tokens
+        assert k is not None  # resolved in EngineConfig.__post_init__
+        sample_rows = min(max_num_batched_tokens, config.max_batch_size * (k + 1))
         activation = estimate_activation_bytes(
             target.config, max_num_batched_tokens, max_length, sample_rows, dtype_bytes
         )
@@ -117,7 +119,7 @@ def plan_kv_cache(
 
 
 def _profile_activation_bytes(
-    model: LlamaForCausalLM, num_tokens: int, max_length: int, block_size: int, device: torch.device
+    model: CausalDecoder, num_tokens: int, max_length: int, block_size: int, device: torch.device
 ) -> int:
     """Run one forward at the full token budget on CUDA and measure the allocator's peak.
 
@@ -144,7 +146,7 @@ def _profile_activation_bytes(
     return torch.cuda.max_memory_allocated(device) - before
 
 
-def build_proposer(config: EngineConfig, target: LlamaForCausalLM, tokenizer: Tokenizer) -> Proposer | None:
+def build_proposer(config: EngineConfig, target: CausalDecoder, tokenizer: Tokenizer) -> Proposer | None:
     method = config.resolved_method()
     if method == "none" or config.num_speculative_tokens == 0:
         return None

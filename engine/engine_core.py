@@ -57,6 +57,7 @@ class EngineCore:
         if self.proposer is not None and self.proposer.kv_bytes_per_token() > 0:
             self.proposer.bind_kv_cache(num_slots)
         self.kv_manager = KVCacheManager(plan.num_blocks, config.block_size, config.enable_prefix_caching)
+        assert config.num_speculative_tokens is not None  # resolved in EngineConfig.__post_init__
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_batch_size=config.max_batch_size,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from .attention import AttentionMetadata
-from .models import KVCache, LlamaForCausalLM
+from .models import CausalDecoder, KVCache
 
 
 @dataclass
@@ -19,7 +19,7 @@ class SequenceInput:
 
 
 def forward_sequences(
-    model: LlamaForCausalLM,
+    model: CausalDecoder,
     kv_cache: KVCache,
     seqs: list[SequenceInput],
     block_size: int,

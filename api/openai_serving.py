@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from specserve.engine.async_engine import AsyncEngine
+from specserve.engine.detokenizer import LogprobText
 from specserve.engine.outputs import RequestOutput, TokenLogprob
 from specserve.engine.sampling_params import InvalidParameterError, SamplingParams
 from specserve.engine.stats import acceptance_rate, mean_acceptance_length
@@ -30,6 +31,24 @@ class ChoiceState:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     last: RequestOutput | None = None
+
+
+@dataclass
+class _LogprobEntry:
+    """One generated token of a logprobs payload, with its alternatives (text, bytes, logprob)."""
+
+    text: str
+    raw: bytes
+    logprob: float
+    offset: int  # characters of the choice's text before this token
+    top: list[tuple[str, bytes, float]]
+
+    @classmethod
+    def next(cls, lp: TokenLogprob, texts: LogprobText) -> _LogprobEntry:
+        top = [(*texts.peek(t), v) for t, v in lp.top]  # alternatives first: they share the position
+        offset = texts.offset
+        text, raw = texts.add(lp.token_id)
+        return cls(text, raw, lp.logprob, offset, top)
 
 
 class OpenAIServing:
@@ -180,7 +199,9 @@ class OpenAIServing:
                 remaining -= 1
         payload_choices = []
         for c in choices:
-            lp = self._logprobs_payload(c.logprobs, chat) if params.logprobs is not None else None
+            lp = None
+            if params.logprobs is not None:
+                lp = self._logprobs_payload(c.logprobs, chat, LogprobText(self.tokenizer))
             if chat:
                 payload_choices.append(
                     {
@@ -224,13 +245,16 @@ class OpenAIServing:
         obj_id = ("chatcmpl-" if chat else "cmpl-") + base
         last: dict[int, RequestOutput] = {}
         started: set[int] = set()
+        logprob_texts = [LogprobText(self.tokenizer) for _ in tasks]  # carried across a choice's chunks
 
         async def send(payload: dict | str) -> None:
             data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
             await response.write(f"data: {data}\n\n".encode())
 
         def chunk(index: int, out: RequestOutput) -> dict:
-            lp = self._logprobs_payload(out.new_logprobs, chat) if params.logprobs is not None else None
+            lp = None
+            if params.logprobs is not None:
+                lp = self._logprobs_payload(out.new_logprobs, chat, logprob_texts[index])
             if chat:
                 delta: dict[str, Any] = {"content": out.new_text}
                 if index not in started:
@@ -304,30 +328,25 @@ class OpenAIServing:
             },
         }
 
-    def _logprobs_payload(self, logprobs: list[TokenLogprob], chat: bool) -> dict[str, Any]:
-        piece = self.tokenizer.id_to_piece
+    @staticmethod
+    def _logprobs_payload(logprobs: list[TokenLogprob], chat: bool, texts: LogprobText) -> dict[str, Any]:
+        """Chat `content` entries or completions' parallel lists; `texts` continues the choice so far."""
+        entries = [_LogprobEntry.next(lp, texts) for lp in logprobs]
         if chat:
             return {
                 "content": [
                     {
-                        "token": piece(lp.token_id),
-                        "logprob": lp.logprob,
-                        "bytes": list(piece(lp.token_id).encode()),
-                        "top_logprobs": [
-                            {"token": piece(t), "logprob": v, "bytes": list(piece(t).encode())}
-                            for t, v in lp.top
-                        ],
+                        "token": e.text,
+                        "logprob": e.logprob,
+                        "bytes": list(e.raw),
+                        "top_logprobs": [{"token": t, "logprob": v, "bytes": list(b)} for t, b, v in e.top],
                     }
-                    for lp in logprobs
+                    for e in entries
                 ]
             }
-        offsets, pos = [], 0
-        for lp in logprobs:
-            offsets.append(pos)
-            pos += len(piece(lp.token_id))
         return {
-            "tokens": [piece(lp.token_id) for lp in logprobs],
-            "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [{piece(t): v for t, v in lp.top} for lp in logprobs],
-            "text_offset": offsets,
+            "tokens": [e.text for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{t: v for t, _, v in e.top} for e in entries],
+            "text_offset": [e.offset for e in entries],
         }

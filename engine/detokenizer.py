@@ -4,9 +4,12 @@ Decoding token by token breaks multi-byte UTF-8 characters that byte-level BPE s
 so each step decodes a short window and only emits text once it no longer ends in U+FFFD. Stop strings
 are matched on the accumulated text (so they work across token boundaries); while a request runs,
 the last len(longest stop)-1 characters are held back so a partial stop string is never streamed.
+`LogprobText` gives each token of a logprobs payload its real bytes and a text that joins up.
 """
 
 from __future__ import annotations
+
+import codecs
 
 from .tokenizer import Tokenizer
 
@@ -48,3 +51,33 @@ class IncrementalDetokenizer:
         delta = self.text[self.emitted : end]
         self.emitted = end
         return delta
+
+
+class LogprobText:
+    """Bytes and text of each generated token for logprobs, in generation order.
+
+    A token's text is what its bytes add to the UTF-8 text of the tokens before it: a token ending
+    inside a multi-byte character adds "" and the token that completes it adds the whole character,
+    so the texts of consecutive tokens join to the generated text (special tokens aside) and `bytes`
+    carry the token's real bytes (OpenAI's field), never those of U+FFFD.
+    """
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.offset = 0  # characters of text produced so far (the next token's text_offset)
+
+    def add(self, token_id: int) -> tuple[str, bytes]:
+        """The generated token at the current position: its text and bytes; advances the position."""
+        raw = self.tokenizer.token_bytes(token_id)
+        text = self._utf8.decode(raw)
+        self.offset += len(text)
+        return text, raw
+
+    def peek(self, token_id: int) -> tuple[str, bytes]:
+        """An alternative at the current position: what it would have added; the position stays."""
+        state = self._utf8.getstate()
+        raw = self.tokenizer.token_bytes(token_id)
+        text = self._utf8.decode(raw)
+        self._utf8.setstate(state)
+        return text, raw

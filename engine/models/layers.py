@@ -128,11 +128,13 @@ class DecoderLayer(nn.Module):
 
 
 def bind_attention(
-    layers: Iterable[DecoderLayer], cfg: ArchConfig, device: torch.device | str, backend: AttentionBackend
+    layers: Iterable[nn.Module], cfg: ArchConfig, device: torch.device | str, backend: AttentionBackend
 ) -> None:
-    """Give every layer one rope table built on `device` (the meta-device copy has no values: its
-    buffers are non-persistent, so no checkpoint fills them) and the device's attention backend."""
+    """Give every layer (a `DecoderLayer`) one rope table built on `device` (the meta-device copy has
+    no values: its buffers are non-persistent, so no checkpoint fills them) and the device's
+    attention backend."""
     rope = make_rope(cfg).to(device)
     for layer in layers:
+        assert isinstance(layer, DecoderLayer)
         layer.self_attn.rope = rope
         layer.self_attn.attention_backend = backend

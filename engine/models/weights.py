@@ -40,14 +40,13 @@ def load_safetensors_weights(
                             continue
                         raise WeightLoadError(f"unexpected tensor {name!r} in {file.name}")
                     tensor = f.get_tensor(name)
-                    param = params[target]
-                    if shard is None:
-                        dest, key = param, target
-                    else:
+                    dest: torch.Tensor = params[target]
+                    key = target
+                    if shard is not None:  # rows of a fused layer
                         fused = layout.fused_of(target)
                         assert fused is not None  # layout.target only returns shards of fused layers
                         offsets = fused.offsets(model.config)
-                        dest, key = param[offsets[shard] : offsets[shard + 1]], f"{target}#{shard}"
+                        dest, key = dest[offsets[shard] : offsets[shard + 1]], f"{target}#{shard}"
                     if tuple(tensor.shape) != tuple(dest.shape):
                         raise WeightLoadError(
                             f"{name}: shape {tuple(tensor.shape)} != expected {tuple(dest.shape)}"

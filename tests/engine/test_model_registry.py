@@ -73,8 +73,8 @@ def test_gemma_reads_its_config_its_own_way() -> None:
 
 
 # Files that may name a family: the registry, the families' own modules, GGUF's map of llama.cpp
-# architecture names to HF ones, and (until callers type against CausalDecoder) these re-exports/hints.
-_MAY_NAME = {"models/registry.py", "models/gguf_metadata.py", "models/__init__.py", "builder.py", "runner.py"}
+# architecture names to HF ones, and the package's transitional LlamaForCausalLM re-export.
+_MAY_NAME = {"models/registry.py", "models/gguf_metadata.py", "models/__init__.py"}
 
 
 def test_only_the_registry_names_a_family() -> None:

@@ -21,6 +21,31 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 5
 # verification window of k + 1 <= 4 rows costs ~1.9x one row, 5-8 rows ~3.6x (Qwen 1.5B layer shapes,
 # this 2-core Xeon). So a quantized target verifies k = 3 drafts in one tile by default.
 QUANTIZED_TARGET_NUM_SPECULATIVE_TOKENS = 3
+_CUDA_NAMES = ("gpu", "cuda")  # MAX spells it gpu; torch spells it cuda
+
+
+def parse_devices(value: str) -> torch.device:
+    """--devices: cpu, gpu (or cuda) or gpu:N. Anything else is an error, never a silent CPU."""
+    name, colon, index = value.strip().lower().partition(":")
+    if name == "cpu" and not colon:
+        return torch.device("cpu")
+    if name in _CUDA_NAMES and not colon:
+        return torch.device("cuda")
+    if name in _CUDA_NAMES and index.isdigit():
+        return torch.device("cuda", int(index))
+    raise ValueError(f"unknown device {value!r}; use cpu, gpu or gpu:N (one device)")
+
+
+def available_devices() -> list[str]:
+    """What --devices can name on this machine (device_count() is 0 without CUDA)."""
+    return ["cpu", *(f"gpu:{i}" for i in range(torch.cuda.device_count()))]
+
+
+def check_device_available(device: torch.device) -> None:
+    """Refuse at start-up a device this machine does not have, naming the ones it does."""
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        what = "no CUDA GPU" if device.index is None else f"no CUDA GPU {device.index}"
+        raise ValueError(f"{what} on this machine; available: {', '.join(available_devices())}")
 
 
 @dataclass(frozen=True)
@@ -40,11 +65,7 @@ class ModelSpec:
 
     @property
     def device(self) -> torch.device:
-        if self.devices in ("gpu", "cuda"):
-            return torch.device("cuda")
-        if self.devices.startswith(("gpu:", "cuda:")):
-            return torch.device(f"cuda:{self.devices.split(':', 1)[1]}")
-        return torch.device("cpu")
+        return parse_devices(self.devices)
 
 
 @dataclass(frozen=True)
@@ -96,6 +117,12 @@ class EngineConfig:
             raise ValueError("--max-batch-size must be >= 1")
         if self.speculative_disable_batch_size is not None and self.speculative_disable_batch_size < 1:
             raise ValueError("--speculative-disable-batch-size must be >= 1")
+        for flag, spec in (("--devices", self.model), ("--draft-devices", self.draft)):
+            if spec is not None:
+                try:
+                    check_device_available(parse_devices(spec.devices))
+                except ValueError as exc:
+                    raise ValueError(f"{flag} {spec.devices}: {exc}") from None
         for spec in (self.model, self.draft):
             if spec is not None and spec.quantization_encoding not in ENCODINGS:
                 raise ValueError(

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -101,6 +102,33 @@ def test_bad_flags_exit_2_with_one_line(args):
     assert r.returncode == 2
     lines = [ln for ln in r.stderr.strip().splitlines() if "specserve: error:" in ln]
     assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        (["--devices", "tpu"], {}),
+        (["--devices", "gpu:0,1"], {}),
+        (["--draft-model-path", "/no/such/draft", "--draft-devices", "cuda0"], {}),
+        ([], {"SPECSERVE_DEVICES": "metal"}),
+    ],
+)
+def test_unknown_devices_value_is_a_one_line_error(args, env):
+    """It used to mean CPU, silently."""
+    r = run_cli("generate", "--prompt", "x", *args, env={"HF_HUB_OFFLINE": "1", **env}, timeout=120)
+    assert r.returncode == 2
+    (line,) = [ln for ln in r.stderr.splitlines() if "specserve: error:" in ln]
+    assert "devices" in line and "unknown device" in line and "use cpu, gpu or gpu:N" in line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+@pytest.mark.parametrize("value", ["gpu", "cuda", "gpu:1"])
+def test_gpu_without_cuda_names_what_is_available(value):
+    r = run_cli("generate", "--prompt", "x", "--devices", value, env={"HF_HUB_OFFLINE": "1"}, timeout=120)
+    assert r.returncode == 2
+    (line,) = [ln for ln in r.stderr.splitlines() if "specserve: error:" in ln]
+    assert line.startswith(f"specserve: error: --devices {value}: no CUDA GPU") and "available: cpu" in line
     assert "Traceback" not in r.stderr
 
 

@@ -16,7 +16,7 @@ from .arch import ArchConfig
 from .decoder import CausalDecoder, KVCache
 from .layers import DecoderLayer, RMSNorm, bind_attention, make_rope
 
-__all__ = ["KVCache", "LlamaForCausalLM"]
+__all__ = ["LlamaForCausalLM"]
 
 
 class LlamaForCausalLM(CausalDecoder):

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specserve.engine.sampling_params import SamplingParams
+from specserve.engine.sampling_params import MAX_NUM_SPECULATIVE_TOKENS, SamplingParams
 
 TokenIds = list[Annotated[int, Field(ge=0)]]
 
@@ -17,7 +17,7 @@ class _Base(BaseModel):
 
 class SpeculativeOptions(_Base):
     enabled: bool = True
-    num_speculative_tokens: int | None = Field(None, ge=0, le=32)
+    num_speculative_tokens: int | None = Field(None, ge=0, le=MAX_NUM_SPECULATIVE_TOKENS)
 
 
 class StreamOptions(_Base):

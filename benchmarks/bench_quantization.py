@@ -143,7 +143,7 @@ def run_llama_cpp(args: argparse.Namespace, repeat: int, gguf: Path) -> RunResul
 @dataclass
 class StepModel:
     name: str
-    model: Any  # LlamaForCausalLM
+    model: Any  # CausalDecoder
     kv: Any  # KVCache
     role: str  # "target" or "draft"
 

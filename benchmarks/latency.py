@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specserve.engine.stats import per_position_acceptance
+
 from . import latency_report, llama_cpp_peer
 from . import stats as st
 from .common import progress
@@ -138,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--num-speculative-tokens",
         "--max-num-steps",
-        dest="k",
+        dest="num_speculative_tokens",
         type=int,
         default=5,
         help="draft tokens per verification (specserve) and prompt_lookup_num_tokens (transformers)",
@@ -227,7 +229,7 @@ def _add_specserve_arms(setup: Setup, args: argparse.Namespace, methods: list[st
         quantization_encoding=args.quantization_encoding,
         max_kv_cache_tokens=kv_tokens,
         max_length=args.max_length,
-        num_speculative_tokens=args.k,
+        num_speculative_tokens=args.num_speculative_tokens,
         ngram_min=args.ngram_min,
         ngram_max=args.ngram_max,
         cache_dir=args.cache_dir,
@@ -280,8 +282,8 @@ def _add_transformers_arms(setup: Setup, args: argparse.Namespace, methods: list
     if HF_PLAIN in methods:
         setup.add(HF_PLAIN, TransformersRunner(model, {}))
     if HF_LOOKUP in methods:
-        lookup = TransformersRunner(model, {"prompt_lookup_num_tokens": args.k})
-        setup.add(HF_LOOKUP, lookup, f"prompt_lookup_num_tokens={args.k}")
+        lookup = TransformersRunner(model, {"prompt_lookup_num_tokens": args.num_speculative_tokens})
+        setup.add(HF_LOOKUP, lookup, f"prompt_lookup_num_tokens={args.num_speculative_tokens}")
     if HF_ASSISTED in methods:
         assistant, _ = _hf_model(args.draft_model_path, args)
         g = assistant.generation_config
@@ -465,7 +467,7 @@ def _spec_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         "num_accepted_tokens": acc,
         "acceptance_rate": round(rate or 0.0, 4),
         "mean_acceptance_length": round(length or 1.0, 4),
-        "per_position_acceptance": [round(a / drafts, 4) for a in per_pos] if drafts else [],
+        "per_position_acceptance": [round(a, 4) for a in per_position_acceptance(per_pos, drafts)],
     }
 
 
@@ -575,7 +577,7 @@ def _config(
         "ignore_eos": not args.respect_eos,
         "repeats": args.repeats,
         "warmup": args.warmup,
-        "num_speculative_tokens": args.k,
+        "num_speculative_tokens": args.num_speculative_tokens,
         "ngram_min": args.ngram_min,
         "ngram_max": args.ngram_max,
         "categories": categories,

@@ -11,6 +11,8 @@ import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from specserve.engine.stats import acceptance_rate, mean_acceptance_length
+
 
 def _clean(values: Iterable[float | None]) -> list[float]:
     return sorted(float(v) for v in values if v is not None and math.isfinite(float(v)))
@@ -96,8 +98,8 @@ def acceptance(
 ) -> tuple[float | None, float | None]:
     """(acceptance rate, mean acceptance length); None where nothing was drafted. The length counts the
     token every verification adds on its own (the recovered or bonus token): 1 + accepted per draft."""
-    rate = num_accepted / num_draft_tokens if num_draft_tokens else None
-    length = 1 + num_accepted / num_drafts if num_drafts else None
+    rate = acceptance_rate(num_accepted, num_draft_tokens) if num_draft_tokens else None
+    length = mean_acceptance_length(num_accepted, num_drafts) if num_drafts else None
     return rate, length
 
 

@@ -56,7 +56,13 @@ class EngineCore:
         self.kv_cache = self.model.allocate_kv_cache(num_slots, config.model.dtype, self.device)
         if self.proposer is not None and self.proposer.kv_bytes_per_token() > 0:
             self.proposer.bind_kv_cache(num_slots)
-        self.kv_manager = KVCacheManager(plan.num_blocks, config.block_size, config.enable_prefix_caching)
+        # Cached KV is only reusable by the same weights, encoding and draft (whose KV shares the blocks).
+        self.kv_manager = KVCacheManager(
+            plan.num_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            cache_salt=repr((config.model, config.draft)),
+        )
         assert config.num_speculative_tokens is not None  # resolved in EngineConfig.__post_init__
         self.scheduler = Scheduler(
             SchedulerConfig(

@@ -3,13 +3,11 @@ plus one line in registry.py (docs/models.md)."""
 
 from .arch import SUPPORTED_ARCHITECTURES, ArchConfig, UnsupportedArchitectureError
 from .decoder import CausalDecoder, KVCache
-from .llama import LlamaForCausalLM  # kept until every caller types against CausalDecoder
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
     "ArchConfig",
     "CausalDecoder",
     "KVCache",
-    "LlamaForCausalLM",
     "UnsupportedArchitectureError",
 ]

@@ -109,7 +109,8 @@ class EngineConfig:
             raise ValueError("--device-memory-utilization must be in (0, 1]")
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
             raise ValueError("--kv-cache-page-size must be a power of two up to 128")
-        if not 0 <= self.num_speculative_tokens <= MAX_NUM_SPECULATIVE_TOKENS:
+        k = self.num_speculative_tokens
+        if k is None or not 0 <= k <= MAX_NUM_SPECULATIVE_TOKENS:
             raise ValueError(f"--max-num-steps must be in [0, {MAX_NUM_SPECULATIVE_TOKENS}]")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError("--ngram-min must be >= 1 and <= --ngram-max")

@@ -132,7 +132,7 @@ class EngineCore:
         while not self._inbox.empty():
             kind, item = self._inbox.get()
             if kind == "add":
-                req = item  # type: ignore[assignment]
+                req = item
                 assert isinstance(req, Request)
                 seed = req.params.seed
                 if seed is None:
@@ -157,7 +157,6 @@ class EngineCore:
         self._on_preempted(sched.preempted)
         if sched.is_empty:
             return outputs
-        self.stats.num_steps += 1
         now = time.monotonic()
         for s in sched.scheduled:
             if s.request.first_scheduled_time is None:

@@ -78,9 +78,9 @@ class KVCacheManager:
         self._hashes[request.request_id] = hashes
         return len(request.block_ids) * self.block_size
 
-    def allocate_slots(self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0) -> bool:
+    def allocate_slots(self, request: Request, num_new_tokens: int, num_speculative_tokens: int = 0) -> bool:
         """Make room for `num_new_tokens` (+ draft lookahead) beyond the computed tokens; False if full."""
-        total = request.num_computed_tokens + num_new_tokens + num_lookahead_tokens
+        total = request.num_computed_tokens + num_new_tokens + num_speculative_tokens
         need = self.blocks_needed(total) - len(request.block_ids)
         if need <= 0:
             return True

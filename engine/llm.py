@@ -56,8 +56,8 @@ class LLM:
                 return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
             return self.tokenizer.encode(prompt)
         if prompt and isinstance(prompt[0], dict):
-            return self.tokenizer.apply_chat_template(prompt)  # type: ignore[arg-type]
-        return [int(t) for t in prompt]  # type: ignore[union-attr]
+            return self.tokenizer.apply_chat_template(prompt)
+        return [int(t) for t in prompt]  # type: ignore[arg-type]
 
     def generate(
         self,
@@ -66,7 +66,7 @@ class LLM:
         use_chat_template: bool = True,
     ) -> list[CompletionOutput]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int | dict)):
-            prompts = [prompts]  # type: ignore[list-item]
+            prompts = [prompts]
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         results: dict[str, CompletionOutput] = {}
         order: list[str] = []

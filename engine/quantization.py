@@ -108,6 +108,7 @@ class _QuantLinearBase(nn.Module):
     in_features: int
     out_features: int
     bias: torch.Tensor | None
+    qweight: torch.Tensor  # registered buffers (typed for the checker)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] bf16 contiguous -> [M, N] bf16
         raise NotImplementedError
@@ -123,6 +124,8 @@ class _QuantLinearBase(nn.Module):
 
 class Int8Linear(_QuantLinearBase):
     """Built from packed buffers (`from_float` quantizes a float weight; the packed cache restores)."""
+
+    scales: torch.Tensor
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
@@ -169,6 +172,8 @@ def pack_int4(q: torch.Tensor, scales_and_zeros: torch.Tensor) -> tuple[torch.Te
 class Int4Linear(_QuantLinearBase):
     """Built from the kernel's packed buffers; `from_float` quantizes a float weight, `from_codes`
     takes codes and scales made elsewhere (e.g. read straight from GGUF Q4 blocks)."""
+
+    scales_and_zeros: torch.Tensor
 
     def __init__(
         self,

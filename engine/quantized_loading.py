@@ -18,6 +18,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -149,7 +150,7 @@ def _int4_from_parts(parts: list[AffineInt4 | torch.Tensor], bias: torch.Tensor 
 # ---------------------------------------------------------------------------------------------------
 
 
-def _linear_layers(model: nn.Module) -> dict[str, nn.Module]:
+def _linear_layers(model: nn.Module) -> dict[str, nn.Linear | Int4Linear | Int8Linear]:
     return {
         name: m for name, m in model.named_modules() if isinstance(m, (nn.Linear, Int4Linear, Int8Linear))
     }
@@ -157,7 +158,8 @@ def _linear_layers(model: nn.Module) -> dict[str, nn.Module]:
 
 def _save_packed(model: nn.Module, path: Path) -> None:
     """Write the model's linear layers; a failure (read-only or full disk) only costs the next load time."""
-    layers, tensors = [], {}
+    layers: list[dict[str, Any]] = []
+    tensors: dict[str, torch.Tensor] = {}
     for name, layer in _linear_layers(model).items():
         entry: dict[str, object] = {"name": name, "bias": layer.bias is not None}
         if isinstance(layer, Int4Linear):
@@ -211,6 +213,7 @@ def _load_packed(model: nn.Module, path: Path) -> None:
             layer = Int8Linear(tensors[f"{name}.qweight"], tensors[f"{name}.scales"], bias)
         else:
             layer = model.get_submodule(name)
+            assert isinstance(layer, torch.nn.Linear)
             layer.weight.copy_(tensors[f"{name}.weight"])
             if bias is not None:
                 layer.bias.copy_(bias)

@@ -135,11 +135,6 @@ def _apply_min_p(scores: torch.Tensor, params: list[SamplingParams]) -> torch.Te
     return scores
 
 
-def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One draw from a [V] distribution with the request's own generator."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
-
-
 def compute_logprobs(
     logits: torch.Tensor, token_ids: list[int], num_top: int
 ) -> list[tuple[float, list[tuple[int, float]]]]:

@@ -129,7 +129,6 @@ class EngineStats:
     request_success: Counter[str] = field(default_factory=Counter)
     spec: SpecDecodingStats = field(default_factory=SpecDecodingStats)
     events: StepEvents = field(default_factory=StepEvents)
-    num_steps: int = 0
     # Requests failed because their logits held NaN/inf (the rest of their batch carried on).
     nonfinite_logits_requests: int = 0
 

@@ -100,13 +100,13 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
         if not self.has_chat_template:
             raise ValueError("this model has no chat template; use a plain prompt")
-        ids = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids: Any = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in newer transformers
             ids = ids["input_ids"]
         return list(ids)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+        return str(self.hf.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes this token adds to the output; may be part of a UTF-8 character (OpenAI's `bytes`)."""
@@ -114,7 +114,7 @@ class Tokenizer:
             return self._added[token_id].encode()
         raw = None
         if self._piece_bytes is not None:
-            raw = self._piece_bytes(self.hf.convert_ids_to_tokens(token_id))
+            raw = self._piece_bytes(str(self.hf.convert_ids_to_tokens(token_id)))
         if raw is None:  # e.g. WordPiece: no byte alphabet, decode the token alone
             raw = self.decode([token_id], skip_special_tokens=False).encode()
         return raw

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -19,7 +20,6 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -209,7 +209,7 @@ def _write_weights(
                     proj = p.name.rsplit(".", 2)[-2]
                     n_heads = heads.get(proj) if permuted else None
                     for chunk in _dequantized_chunks(src, p, dtype, n_heads):
-                        dst.write(chunk.reshape(-1).view(torch.uint8).numpy())
+                        dst.write(chunk.reshape(-1).view(torch.uint8).numpy().data)
                         bar.update(chunk.numel() * chunk.element_size())
     if len(shards) > 1:
         index = {
@@ -237,7 +237,7 @@ def _safetensors_header(shard: list[_Planned], dtype: torch.dtype) -> bytes:
 
 
 def _dequantized_chunks(
-    src: BinaryIO, p: _Planned, dtype: torch.dtype, n_heads: int | None
+    src: io.BufferedIOBase, p: _Planned, dtype: torch.dtype, n_heads: int | None
 ) -> Iterator[torch.Tensor]:
     """Row chunks of the tensor in `dtype`, read with plain file reads (not the memmap) so the
     quantized bytes do not accumulate in our resident set."""

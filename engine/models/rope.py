@@ -36,6 +36,9 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | N
 class RotaryEmbedding(torch.nn.Module):
     """Precomputed cos/sin for every position; forward gathers by absolute position."""
 
+    cos: torch.Tensor  # [P, D] registered buffers (typed for the checker)
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None):
         super().__init__()
         inv_freq = inverse_frequencies(head_dim, theta, scaling)

@@ -20,6 +20,7 @@ from .kv_cache_manager import KVCacheManager
 from .outputs import RequestOutput, TokenLogprob
 from .proposal_check import check_proposal
 from .proposer import ProposalRequest, Proposals
+from .random_streams import RequestRandom
 from .request import FinishReason, Request
 from .runner import forward_sequences, padded_num_slots
 from .sampler import compute_logprobs
@@ -140,7 +141,7 @@ class EngineCore:
                 self._states[req.request_id] = RequestState(
                     request=req,
                     detokenizer=IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, req.params.stop),
-                    generator=torch.Generator().manual_seed(seed % 2**63),
+                    random=RequestRandom(seed),
                 )
                 self.scheduler.add_request(req)
             else:
@@ -188,6 +189,7 @@ class EngineCore:
                 s.request,
                 s.num_speculative_tokens,
                 self._states[s.request.request_id].last_hidden if with_hidden else None,
+                self._states[s.request.request_id].random,
             )
             for s in scheduled
             if s.num_speculative_tokens > 0
@@ -255,7 +257,7 @@ class EngineCore:
             logits = torch.cat([logits[w.rows] for w in good])  # the verifier wants window-ordered rows
         emitted = verify_windows(
             logits,
-            [Window(w.state.request, w.draft.token_ids, w.draft.probs, w.state.generator) for w in good],
+            [Window(w.state.request, w.draft.token_ids, w.draft.probs, w.state.random) for w in good],
         )
         by_window = {id(w): e for w, e in zip(good, emitted, strict=True)}
         return [by_window.get(id(w)) for w in batch.windows]

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from .random_streams import RequestRandom
 from .request import Request
 
 if TYPE_CHECKING:
@@ -55,6 +56,11 @@ class ProposalRequest:
     # Target's final hidden state at the position that produced the request's last token (Medusa).
     # Set only for proposers with needs_hidden_states.
     last_hidden: torch.Tensor | None = None  # [hidden]
+    # The request's random streams. A sampled draft for output position p (the first draft is at
+    # len(request.output_token_ids)) draws with random.sample(q, p, Purpose.DRAFT), so the same
+    # seed drafts the same tokens however the engine batches or windows the request. The engine
+    # always sets it.
+    random: RequestRandom | None = None
 
 
 @dataclass

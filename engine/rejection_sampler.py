@@ -9,11 +9,17 @@ So every step emits accepted + 1 tokens, and the emitted sequence is distributed
 been sampled from the target token by token (Leviathan et al. 2023, Chen et al. 2023).
 Greedy rows have one-hot p, which reduces this to "accept while d_i == argmax p_{i-1}".
 n-gram drafts have no q: they are treated as one-hot q (accept with probability p(d_i)).
+Randomness comes from the request's keyed streams (random_streams.py), one value per output position
+and purpose, never from a shared generator's draw order. A one-hot (certain) draft is judged by drawing
+the target's own token first and accepting iff it equals the draft: the same law, and the emitted token
+is then exactly the one plain decoding draws at that position.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .random_streams import Purpose, RequestRandom
 
 
 def draft_token_acceptance_probs(
@@ -50,9 +56,14 @@ def rejection_sample(
     draft_probs: torch.Tensor | None,  # [sum(k_r), V] or None
     num_draft_tokens: list[int],  # k_r per request
     is_greedy: list[bool],
-    generators: list[torch.Generator | None],
+    streams: list[RequestRandom | None],  # per request; None only for greedy requests
+    start_positions: list[int],  # per request: output position of p_0 (tokens already generated)
 ) -> list[list[int]]:
-    """Emitted tokens per request: accepted drafts followed by one recovered or bonus token."""
+    """Emitted tokens per request: accepted drafts followed by one recovered or bonus token.
+
+    Randomness is keyed by output position (random_streams.py): with p0 = start_positions[r], draft
+    i is judged at position p0 + i and the recovered or bonus token is drawn at its own position, so
+    what decides position p depends on how p is decided, never on how many draws came before."""
     target_rows = torch.tensor([0] + num_draft_tokens).add(1).cumsum(0) - 1  # start row of each request
     draft_starts = [0]
     for k in num_draft_tokens:
@@ -63,6 +74,11 @@ def rejection_sample(
         or [torch.zeros(0, dtype=torch.long)]
     )
     accept_probs = draft_token_acceptance_probs(target_probs[draft_rows], draft_token_ids, draft_probs)  # [D]
+    # A draft is certain when its q is one-hot at it (n-gram, argmax, or q(d) = 1): see below.
+    if draft_probs is None:
+        certain = [True] * draft_token_ids.numel()
+    else:
+        certain = (draft_probs[torch.arange(draft_token_ids.numel()), draft_token_ids] >= 1.0).tolist()
     emitted: list[list[int]] = []
     for r, k in enumerate(num_draft_tokens):
         start, d0 = int(target_rows[r]), draft_starts[r]
@@ -77,15 +93,29 @@ def rejection_sample(
             out.append(targets[len(out)])  # recovered (the target's own choice) or bonus
             emitted.append(out)
             continue
-        uniforms = torch.rand(k, generator=generators[r]) if k else torch.zeros(0)
-        accepted = (uniforms < accept_probs[d0 : d0 + k]).tolist()
-        num_accepted = next((i for i, ok in enumerate(accepted) if not ok), k)
-        out = drafts[:num_accepted]
-        if num_accepted < k:
-            q = draft_probs[d0 + num_accepted] if draft_probs is not None else None
-            dist = recovered_distribution(target_probs[start + num_accepted], q, drafts[num_accepted])
+        rng, p0 = streams[r], start_positions[r]
+        if rng is None:
+            raise ValueError("a sampled request needs its random stream")
+        out = []
+        for i, d in enumerate(drafts):
+            if certain[d0 + i]:
+                # Certain draft (q(d) = 1): draw the target's own token t ~ p_{i-1} with SAMPLE first
+                # and accept iff t == d, else emit t. Same law as the rule below: P(accept) = p(d) =
+                # min(1, p(d) / q(d)), and t given t != d is norm(p with d removed), the recovered
+                # distribution. But t is exactly what plain decoding draws at this position, so
+                # certain drafts never change a seeded request's text.
+                token = rng.sample(target_probs[start + i], p0 + i, Purpose.SAMPLE)
+                out.append(token)
+                if token != d:
+                    break
+            elif rng.uniform(p0 + i, Purpose.ACCEPT) < float(accept_probs[d0 + i]):
+                out.append(d)  # accepted
+            else:
+                q = draft_probs[d0 + i] if draft_probs is not None else None
+                recovered = recovered_distribution(target_probs[start + i], q, d)  # [V]
+                out.append(rng.sample(recovered, p0 + i, Purpose.SAMPLE))
+                break
         else:
-            dist = target_probs[start + k]  # bonus
-        out.append(int(torch.multinomial(dist, 1, generator=generators[r]).item()))
+            out.append(rng.sample(target_probs[start + k], p0 + k, Purpose.SAMPLE))  # bonus (k = 0: plain)
         emitted.append(out)
     return emitted

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .detokenizer import IncrementalDetokenizer
+from .random_streams import RequestRandom
 from .request import Request
 from .runner import SequenceInput
 from .scheduler import ScheduledRequest
@@ -24,7 +25,7 @@ class RequestState:
 
     request: Request
     detokenizer: IncrementalDetokenizer
-    generator: torch.Generator  # the request's sampling stream (seeded when the request has a seed)
+    random: RequestRandom  # the request's keyed random streams (its seed, or one the engine drew)
     token_times: list[float] = field(default_factory=list)  # monotonic time of each emitted token
     # Target's final hidden state at the row that produced the last token (for needs_hidden_states).
     last_hidden: torch.Tensor | None = None  # [hidden]

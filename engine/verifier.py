@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .random_streams import RequestRandom
 from .rejection_sampler import rejection_sample
 from .request import Request
 from .sampler import RowContext, apply_penalties_and_bias, logits_to_probs
@@ -21,7 +22,7 @@ class Window:
     request: Request
     draft_token_ids: list[int]
     draft_probs: torch.Tensor | None  # [k, V] or None (one-hot drafts)
-    generator: torch.Generator | None
+    random: RequestRandom | None  # the request's keyed streams (None only for greedy requests)
 
 
 def verify_windows(logits: torch.Tensor, windows: list[Window]) -> list[list[int]]:
@@ -56,7 +57,9 @@ def verify_windows(logits: torch.Tensor, windows: list[Window]) -> list[list[int
         draft_probs,
         [len(w.draft_token_ids) for w in windows],
         [w.request.params.greedy for w in windows],
-        [w.generator for w in windows],
+        [w.random for w in windows],
+        # The window's first token lands at output position len(output) (the drafts follow it).
+        [len(w.request.output_token_ids) for w in windows],
     )
 
 

@@ -14,6 +14,7 @@ import torch
 from specserve.engine.builder import load_model
 from specserve.engine.memory import module_bytes
 from specserve.engine.proposer import ProposalRequest, Proposals, Proposer, ProposerContext, ProposerError
+from specserve.engine.random_streams import Purpose, RequestRandom
 from specserve.engine.request import Request
 from specserve.engine.runner import SequenceInput, forward_sequences
 from specserve.engine.sampler import logits_to_probs
@@ -36,7 +37,6 @@ class DraftModelProposer(Proposer):
         self.target_vocab = ctx.vocab_size
         _check_same_vocabulary(ctx.extra.get("tokenizer"), Tokenizer(loaded.directory), spec.model_path)
         self.kv_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._generators: dict[str, torch.Generator] = {}
         # request id -> tokens [0, n) of the request are in the draft KV cache
         self._num_cached: dict[str, int] = {}
 
@@ -59,18 +59,7 @@ class DraftModelProposer(Proposer):
         self._num_cached.pop(request.request_id, None)
 
     def on_finished(self, request: Request) -> None:
-        self._generators.pop(request.request_id, None)
         self._num_cached.pop(request.request_id, None)
-
-    def _generator(self, item: ProposalRequest) -> torch.Generator:
-        rid = item.request.request_id
-        if rid not in self._generators:
-            seed = item.request.params.seed
-            g = torch.Generator()
-            # A seeded request gets a seeded draft stream too, so its whole output is reproducible.
-            g.manual_seed((seed + 0x5EED) % 2**63) if seed is not None else g.seed()
-            self._generators[rid] = g
-        return self._generators[rid]
 
     def propose(self, batch: list[ProposalRequest]) -> Proposals:
         drafts: list[list[int]] = [[] for _ in batch]
@@ -100,7 +89,11 @@ class DraftModelProposer(Proposer):
                 if item.request.params.greedy:
                     token = int(row_probs[row].argmax())
                 else:
-                    token = int(torch.multinomial(row_probs[row], 1, generator=self._generator(item)))
+                    # Keyed by the output position this draft is for, so the same seed drafts the
+                    # same token whatever the window or batch looks like.
+                    token = _stream(item).sample(
+                        row_probs[row], len(item.request.output_token_ids) + step, Purpose.DRAFT
+                    )
                     probs[i].append(row_probs[row])
                 drafts[i].append(token)
                 num_cached[i] = item.request.num_tokens + step
@@ -112,6 +105,12 @@ class DraftModelProposer(Proposer):
             token_ids=drafts,
             probs=[torch.stack(p) if p else None for p in probs],
         )
+
+
+def _stream(item: ProposalRequest) -> RequestRandom:
+    if item.random is None:
+        raise ValueError(f"request {item.request.request_id}: sampled drafts need ProposalRequest.random")
+    return item.random
 
 
 def _check_same_vocabulary(target: Tokenizer | None, draft: Tokenizer, draft_path: str) -> None:

@@ -19,7 +19,7 @@ from torch import nn
 
 from specserve.engine.memory import module_bytes
 from specserve.engine.proposer import ProposalRequest, Proposals, Proposer, ProposerContext, ProposerError
-from specserve.engine.request import Request
+from specserve.engine.random_streams import Purpose
 from specserve.engine.sampler import logits_to_probs
 
 
@@ -71,13 +71,9 @@ class MedusaProposer(Proposer):
         heads, _ = load_medusa_heads(Path(ctx.config.medusa_heads_path), cfg.hidden_size, cfg.vocab_size)
         self.heads = heads.to(device=ctx.device, dtype=ctx.dtype).eval().requires_grad_(False)
         self.num_heads = len(self.heads)
-        self._generators: dict[str, torch.Generator] = {}
 
     def weight_bytes(self) -> int:
         return module_bytes(self.heads)
-
-    def on_finished(self, request: Request) -> None:
-        self._generators.pop(request.request_id, None)
 
     def propose(self, batch: list[ProposalRequest]) -> Proposals:
         items = [b for b in batch if b.last_hidden is not None]
@@ -95,15 +91,14 @@ class MedusaProposer(Proposer):
                 by_id[id(item)] = (head_logits[row, :n].argmax(-1).tolist(), None)
                 continue
             probs = logits_to_probs(head_logits[row, :n], [params] * n)  # [n, V]
-            g = self._generators.setdefault(item.request.request_id, _seeded(params.seed))
-            tokens = [int(torch.multinomial(p, 1, generator=g)) for p in probs]
+            if item.random is None:
+                raise ValueError(
+                    f"request {item.request.request_id}: sampled drafts need ProposalRequest.random"
+                )
+            # Head i guesses the token at output position p0 + i: draw it with that position's DRAFT value.
+            p0 = len(item.request.output_token_ids)
+            tokens = [item.random.sample(p, p0 + i, Purpose.DRAFT) for i, p in enumerate(probs)]
             by_id[id(item)] = (tokens, probs)
         tokens = [by_id.get(id(b), ([], None))[0] for b in batch]
         probs_out = [by_id.get(id(b), ([], None))[1] for b in batch]
         return Proposals(tokens, probs_out)
-
-
-def _seeded(seed: int | None) -> torch.Generator:
-    g = torch.Generator()
-    g.manual_seed((seed + 0x3ED05A) % 2**63) if seed is not None else g.seed()
-    return g

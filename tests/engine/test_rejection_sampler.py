@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specserve.engine.random_streams import RequestRandom
 from specserve.engine.rejection_sampler import rejection_sample
 
 
@@ -23,14 +24,16 @@ def _onehot(ids: list[int], vocab: int = 8) -> torch.Tensor:
 )
 def test_greedy_cases(target_argmax, drafts, expected):
     probs = _onehot(target_argmax)
-    out = rejection_sample(probs, torch.tensor(drafts, dtype=torch.long), None, [len(drafts)], [True], [None])
+    out = rejection_sample(
+        probs, torch.tensor(drafts, dtype=torch.long), None, [len(drafts)], [True], [None], [0]
+    )
     assert out == [expected]
 
 
 def test_greedy_batch_mixes_requests():
     probs = torch.cat([_onehot([1, 2, 3]), _onehot([4]), _onehot([5, 0])])
     drafts = torch.tensor([1, 9 % 8, 5], dtype=torch.long)
-    out = rejection_sample(probs, drafts, None, [2, 0, 1], [True, True, True], [None] * 3)
+    out = rejection_sample(probs, drafts, None, [2, 0, 1], [True, True, True], [None] * 3, [0] * 3)
     assert out == [[1, 2], [4], [5, 0]]
 
 
@@ -44,9 +47,7 @@ def _random_case(seed: int, vocab: int = 6, k: int = 3):
 def test_seeded_determinism():
     p, q = _random_case(0)
     drafts = torch.tensor([0, 1, 2])
-    runs = [
-        rejection_sample(p, drafts, q, [3], [False], [torch.Generator().manual_seed(42)]) for _ in range(2)
-    ]
+    runs = [rejection_sample(p, drafts, q, [3], [False], [RequestRandom(42)], [5]) for _ in range(2)]
     assert runs[0] == runs[1]
 
 
@@ -71,7 +72,8 @@ def test_first_emitted_token_follows_target_distribution(with_draft_probs):
         q[:1].repeat(n, 1) if with_draft_probs else None,
         [1] * n,
         [False] * n,
-        [gen] * n,
+        [RequestRandom(i) for i in range(n)],  # independent requests: one seed each
+        [0] * n,
     )
     first = torch.tensor([o[0] for o in out])
     freq = torch.bincount(first, minlength=vocab).float() / n
@@ -89,7 +91,8 @@ def test_two_token_sequences_follow_target():
     d1 = torch.multinomial(q[0], n, replacement=True, generator=gen)
     d2 = torch.multinomial(q[1], n, replacement=True, generator=gen)
     drafts = torch.stack([d1, d2], 1).reshape(-1)
-    out = rejection_sample(p.repeat(n, 1), drafts, q.repeat(n, 1), [2] * n, [False] * n, [gen] * n)
+    streams = [RequestRandom(i) for i in range(n)]
+    out = rejection_sample(p.repeat(n, 1), drafts, q.repeat(n, 1), [2] * n, [False] * n, streams, [0] * n)
     pairs = torch.tensor([o[0] * vocab + o[1] for o in out if len(o) >= 2])
     # Every emitted sequence has >= 1 token; only those with a second token say something about p_1.
     # Condition on the first token: P(second | first) must be p_1 whatever the first was.

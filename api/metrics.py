@@ -200,6 +200,13 @@ SERIES: tuple[Series, ...] = (
     Series("specserve:generation_tokens", "counter", "Generated tokens", _M, lambda s: s.generation_tokens),
     Series("specserve:num_preemptions", "counter", "Requests preempted", _M, lambda s: s.num_preemptions),
     Series(
+        "specserve:num_requests_nonfinite_logits",
+        "counter",
+        "Requests failed alone because their logits were not finite (NaN or inf)",
+        _M,
+        lambda s: s.nonfinite_logits_requests,
+    ),
+    Series(
         "specserve:request_success",
         "counter",
         "Finished requests",

@@ -113,6 +113,7 @@ def engine_config_from(settings: BaseSettings) -> EngineConfig:
         device_memory_utilization=s.device_memory_utilization,
         max_kv_cache_tokens=s.max_kv_cache_tokens,
         enable_prefix_caching=s.enable_prefix_caching,
+        batch_invariant=s.batch_invariant,
         max_batch_size=s.max_batch_size,
         max_num_batched_tokens=s.max_num_batched_tokens,
         enable_chunked_prefill=s.enable_chunked_prefill,

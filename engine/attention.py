@@ -128,6 +128,84 @@ def paged_attention(
     return _flatten_output(out.transpose(1, 2), meta)
 
 
+# Keys are padded to a multiple of this, so the shapes the matmul kernels see vary in whole tiles only.
+_INVARIANT_KEY_TILE = 64
+# Query rows per attention tile: bounds the float32 scores at [S, H, 256, C'] for long prefills.
+INVARIANT_QUERY_TILE = 256
+
+
+def batch_invariant_paged_attention(
+    q: torch.Tensor,  # [T, H, D]
+    k: torch.Tensor,  # [T, KVH, D]
+    v: torch.Tensor,  # [T, KVH, D]
+    k_cache: torch.Tensor,  # [num_slots, KVH, D]
+    v_cache: torch.Tensor,  # [num_slots, KVH, D]
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [T, H * D]
+    """Attention whose result for a query row does not depend on the rest of the batch.
+
+    SDPA's CPU kernel picks its key blocking from the padded context length and reduces row sums
+    in an order that depends on it, so a row's output changes (by an ulp or two) with the number of
+    rows and requests that share the step: a verification window's rows see the window's later
+    keys as masked padding, a decode sees the longest context of the batch. Greedy speculation then
+    drifts from plain decoding in bf16. Here every reduction has an order fixed by the row alone:
+    - q.k and p.v are bf16 matmuls: on the CPU (oneDNN, AMX or AVX-512) a row's result is the same
+      for any number of rows and for any zero-padded key length (tested in
+      tests/engine/test_batch_invariance.py); float32 matmuls are not (MKL changes kernels with M);
+    - the softmax max is order-free; its sum is a cumsum (a sequential scan: masked keys, all after a
+      row's last visible key, add exact zeros at the end) instead of a vectorised sum whose lane
+      split moves with the row length.
+    Precision is that of transformers' eager attention (bf16 scores and probabilities, float32
+    softmax). Scores are materialised per tile of query rows ([S, H, 256, C'] float32), unlike SDPA.
+    """
+    queries, keys, values = _write_and_gather(q, k, v, k_cache, v_cache, meta)
+    num_seqs, max_q, heads, dim = queries.shape
+    kv_heads, max_c = keys.shape[2], keys.shape[1]
+    padded_c = -(-max_c // _INVARIANT_KEY_TILE) * _INVARIANT_KEY_TILE
+    mask = meta.attn_mask  # [S, 1, Q, C]
+    if padded_c != max_c:
+        pad = padded_c - max_c
+        keys = F.pad(keys, (0, 0, 0, 0, 0, pad))  # zero keys, masked below
+        values = F.pad(values, (0, 0, 0, 0, 0, pad))
+        mask = F.pad(mask, (0, pad), value=False)
+    dtype = torch.bfloat16 if queries.dtype in (torch.bfloat16, torch.float16) else queries.dtype
+    # Query heads grouped by the KV head they share: [S, KVH, G, Q, D].
+    grouped = queries.to(dtype).permute(0, 2, 1, 3).view(num_seqs, kv_heads, heads // kv_heads, max_q, dim)
+    # Contiguous operands: the matmul kernel for a strided (permuted) operand depends on the shapes.
+    keys = keys.to(dtype).permute(0, 2, 1, 3).contiguous()  # [S, KVH, C', D]
+    values = values.to(dtype).permute(0, 2, 1, 3).contiguous()  # [S, KVH, C', D]
+    out = torch.empty_like(grouped)  # [S, KVH, G, Q, D]
+    # Query rows are independent, so tiling them bounds the [.., Q, C'] scores of a long prefill
+    # without changing any row's result.
+    for q0 in range(0, max_q, INVARIANT_QUERY_TILE):
+        q1 = min(q0 + INVARIANT_QUERY_TILE, max_q)
+        out[:, :, :, q0:q1] = _invariant_rows(
+            grouped[:, :, :, q0:q1], keys, values, mask[..., q0:q1, :], scale
+        )
+    out = out.view(num_seqs, heads, max_q, dim).transpose(1, 2).to(q.dtype)  # [S, Q, H, D]
+    return _flatten_output(out, meta)
+
+
+def _invariant_rows(
+    queries: torch.Tensor,  # [S, KVH, G, Qt, D]
+    keys: torch.Tensor,  # [S, KVH, C', D] contiguous
+    values: torch.Tensor,  # [S, KVH, C', D] contiguous
+    mask: torch.Tensor,  # [S, 1, Qt, C'] bool
+    scale: float,
+) -> torch.Tensor:  # [S, KVH, G, Qt, D]
+    num_seqs, kv_heads, group, rows, dim = queries.shape
+    padded_c = keys.shape[2]
+    flat = queries.reshape(num_seqs, kv_heads, group * rows, dim)  # a contiguous copy, rows (g, q)
+    scores = torch.matmul(flat, keys.transpose(-1, -2))  # [S, KVH, G * Qt, C']
+    scores = scores.float().mul_(scale).view(num_seqs, kv_heads, group, rows, padded_c)
+    scores.masked_fill_(~mask.view(num_seqs, 1, 1, rows, padded_c), float("-inf"))
+    weights = scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()  # [S, KVH, G, Qt, C'] float32
+    weights = weights.div_(weights.cumsum(dim=-1)[..., -1:])
+    out = torch.matmul(weights.to(keys.dtype).view(num_seqs, kv_heads, group * rows, padded_c), values)
+    return out.view(num_seqs, kv_heads, group, rows, dim)  # from [S, KVH, G * Qt, D]
+
+
 def xformers_paged_attention(q, k, v, k_cache, v_cache, meta, scale) -> torch.Tensor:  # [T, H * D]
     """CUDA backend through xformers' memory-efficient attention (same gather, same mask as SDPA)."""
     import xformers.ops as xops
@@ -150,8 +228,12 @@ def xformers_paged_attention(q, k, v, k_cache, v_cache, meta, scale) -> torch.Te
 AttentionBackend = Callable[..., torch.Tensor]
 
 
-def select_attention_backend(device: torch.device | str) -> tuple[str, AttentionBackend]:
-    """torch SDPA everywhere; xformers on CUDA when it is installed."""
+def select_attention_backend(
+    device: torch.device | str, batch_invariant: bool = False
+) -> tuple[str, AttentionBackend]:
+    """Batch-invariant attention when asked (CPU); else torch SDPA, or xformers on CUDA if installed."""
+    if batch_invariant:
+        return "batch_invariant", batch_invariant_paged_attention
     if torch.device(device).type == "cuda" and importlib.util.find_spec("xformers") is not None:
         return "xformers", xformers_paged_attention
     return "torch_sdpa", paged_attention

@@ -35,7 +35,7 @@ class LoadedModel:
     notice: str | None
 
 
-def load_model(spec: ModelSpec, cache_dir: str | None) -> LoadedModel:
+def load_model(spec: ModelSpec, cache_dir: str | None, batch_invariant: bool = False) -> LoadedModel:
     cache_root = resolve_cache_dir(cache_dir or None)
     resolved = resolve_model(spec.model_path, spec.weight_path, dtype=spec.dtype, cache_dir=cache_root)
     quantized = spec.quantization_encoding in QUANTIZED_ENCODINGS
@@ -48,7 +48,7 @@ def load_model(spec: ModelSpec, cache_dir: str | None) -> LoadedModel:
         )
         logger.warning(resolved.notice + suffix)
     if not quantized:
-        model = load_decoder(resolved.directory, spec.dtype, spec.device)
+        model = load_decoder(resolved.directory, spec.dtype, spec.device, batch_invariant=batch_invariant)
         return LoadedModel(model, model.config, resolved.directory, resolved.notice)
     plan = plan_quantized_load(
         resolved.directory,
@@ -58,7 +58,11 @@ def load_model(spec: ModelSpec, cache_dir: str | None) -> LoadedModel:
         cache_root,
     )
     model = load_decoder(
-        resolved.directory, spec.dtype, spec.device, load_linear_weights=plan.needs_float_linears
+        resolved.directory,
+        spec.dtype,
+        spec.device,
+        load_linear_weights=plan.needs_float_linears,
+        batch_invariant=batch_invariant,
     )
     quantize_loaded_model(model, plan)
     return LoadedModel(model, model.config, resolved.directory, resolved.notice)

@@ -88,6 +88,11 @@ class EngineConfig:
     max_length: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0
     cache_dir: str | None = None
+    # The target's numerics do not depend on the batch (engine/attention.py): greedy speculation
+    # equals plain decoding and output does not change with load, in bf16 and int8/int4 too.
+    # CPU only. Off by default: it costs 0.78x decode speed alone and 0.44x at 8 clients on SmolLM2
+    # (docs/bench/issue18-batch-invariance), far above the 5% that would make it the default.
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if self.num_speculative_tokens is None:

@@ -10,6 +10,7 @@ import os
 
 import torch
 
+from .attention import INVARIANT_QUERY_TILE
 from .models.arch import ArchConfig
 
 
@@ -78,7 +79,11 @@ def estimate_activation_bytes(
     gathered = 2 * num_seqs * max_length * kv_size * b  # the context's K and V, [S, C, KVH, D]
     attn_out = 3 * tokens * q_size * b  # padded queries, SDPA output, flattened copy
     mask = num_seqs * per_seq * max_length * (1 + 4)  # [S, 1, Q, C] bool, and as float32
+    # Batch-invariant attention materialises one tile of query rows: bf16 scores, their float32 copy
+    # (exp in place), its cumsum and the bf16 weights, [S, H, tile, C] each.
+    tile = min(per_seq, INVARIANT_QUERY_TILE)
+    scores = num_seqs * cfg.num_heads * tile * max_length * (2 + 4 + 4 + 2)
     mlp = tokens * 4 * inter * b  # gate_up [T, 2I], silu(gate) and the product [T, I] each
     logits = sample_rows * cfg.vocab_size * 4 * 3  # float32 logits, processed copy, probabilities
-    total = residual + qkv + gathered + attn_out + mask + mlp + logits
+    total = residual + qkv + gathered + attn_out + mask + scores + mlp + logits
     return int(total * 1.25) + (64 << 20)  # allocator slack and fragmentation

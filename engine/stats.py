@@ -107,6 +107,7 @@ class EngineSnapshot:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     request_success: Mapping[str, int] = field(default_factory=dict)  # finish reason -> requests
+    nonfinite_logits_requests: int = 0
     # --- gauges -------------------------------------------------------------------------------
     num_running: int = 0
     num_waiting: int = 0
@@ -170,6 +171,7 @@ class EngineStats:
             prefix_cache_queries=prefix_cache_queries,
             prefix_cache_hits=prefix_cache_hits,
             request_success=dict(self.request_success),
+            nonfinite_logits_requests=self.nonfinite_logits_requests,
             num_running=num_running,
             num_waiting=num_waiting,
             kv_cache_usage=kv_cache_usage,

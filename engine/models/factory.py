@@ -19,17 +19,19 @@ def load_decoder(
     device: torch.device | str = "cpu",
     *,
     load_linear_weights: bool = True,
+    batch_invariant: bool = False,
 ) -> CausalDecoder:
     """The registered family's decoder with the checkpoint's weights. `load_linear_weights=False`
     leaves the nn.Linear weights unread (allocated, never touched, so never resident) for a caller
-    that replaces those layers anyway (quantized loading from a GGUF or the packed cache)."""
+    that replaces those layers anyway (quantized loading from a GGUF or the packed cache).
+    `batch_invariant` selects attention whose rows do not depend on the rest of the batch."""
     cfg = ArchConfig.from_directory(directory)
     # Build on the meta device in the final dtype, then materialise empty storage: no wasted random
     # init of large weights, and no float32 copy of the model on the way to bf16.
     with torch.device("meta"):
         model = build_decoder(cfg).to(dtype)
     model = model.to_empty(device=device)
-    _, backend = select_attention_backend(device)
+    _, backend = select_attention_backend(device, batch_invariant)
     model.bind(device, backend)  # rope tables were on meta, and to_empty unties tied weights
     skip = set()
     if not load_linear_weights:

@@ -1,0 +1,197 @@
+"""Batch-invariant numerics (issue 18, item 8): a position's result does not depend on what else
+shares the forward, so greedy speculation equals plain decoding in bf16 and output does not change
+with concurrency."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import make_llm, mixed_prompts
+
+from specserve.engine import SamplingParams
+from specserve.engine.attention import (
+    INVARIANT_QUERY_TILE,
+    AttentionMetadata,
+    batch_invariant_paged_attention,
+    paged_attention,
+)
+
+HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 16
+
+
+def test_bf16_matmul_rows_do_not_depend_on_the_batch():
+    """The premise the attention relies on (oneDNN's bf16 GEMM on this CPU): a row's product is the
+    same for any number of rows and any zero-padded reduction length. If a new torch or CPU breaks
+    this, this test says so before the engine tests do."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(2, 3, 600, 64, generator=g).bfloat16()
+    b = torch.randn(2, 3, 64, 640, generator=g).bfloat16()
+    ref = torch.matmul(a[:1, :, :1], b[:1, :, :, :320])  # [1, 3, 1, 320]
+    for rows in (1, 3, 17, 300, 600):
+        for cols in (320, 384, 640):
+            assert torch.equal(torch.matmul(a[:, :, :rows], b[..., :cols])[:1, :, :1, :320], ref)
+    p = torch.rand(1, 3, 5, 640, generator=g).bfloat16()
+    p[..., 300:] = 0
+    v = torch.randn(1, 3, 640, 64, generator=g).bfloat16()
+    ref = torch.matmul(p[..., :320], v[:, :, :320])
+    assert torch.equal(torch.matmul(p[:, :, :2, :640], v)[:, :, :2], ref[:, :, :2])
+
+
+def _attention(backend, seqs: list[tuple[int, int, int]], qkv: dict[int, tuple], dtype=torch.bfloat16):
+    """Run `backend` over sequences (id, context length, query length); their fed tokens' q/k/v come
+    from qkv[id] (the whole sequence), earlier positions are written to the cache first."""
+    num_slots = 3 * 48 * BLOCK  # 48 blocks (768 tokens) per sequence
+    k_cache = torch.zeros(num_slots + 1, KV_HEADS, DIM, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    tables = {sid: list(range(48 * i, 48 * i + 48)) for i, sid in enumerate(sorted(qkv))}
+    qs, ks, vs = [], [], []
+    for sid, ctx, n_q in seqs:
+        q, k, v = qkv[sid]
+        cached = torch.arange(ctx - n_q)  # the context already in the cache
+        slots = torch.tensor(tables[sid])[cached // BLOCK] * BLOCK + cached % BLOCK
+        k_cache[slots], v_cache[slots] = k[: ctx - n_q], v[: ctx - n_q]
+        qs.append(q[ctx - n_q : ctx])
+        ks.append(k[ctx - n_q : ctx])
+        vs.append(v[ctx - n_q : ctx])
+    meta = AttentionMetadata.build(
+        [n for _, _, n in seqs],
+        [c for _, c, _ in seqs],
+        [tables[s] for s, _, _ in seqs],
+        BLOCK,
+        pad_slot=num_slots,
+    )
+    out = backend(torch.cat(qs), torch.cat(ks), torch.cat(vs), k_cache, v_cache, meta, DIM**-0.5)
+    rows, start = {}, 0
+    for sid, _ctx, n_q in seqs:
+        rows[sid] = out[start : start + n_q]  # [n_q, H * D]: positions ctx - n_q .. ctx - 1
+        start += n_q
+    return rows
+
+
+@pytest.fixture(scope="module")
+def qkv():
+    g = torch.Generator().manual_seed(1)
+    return {
+        sid: (
+            torch.randn(length, HEADS, DIM, generator=g).bfloat16(),
+            torch.randn(length, KV_HEADS, DIM, generator=g).bfloat16(),
+            torch.randn(length, KV_HEADS, DIM, generator=g).bfloat16(),
+        )
+        for sid, length in ((0, 600), (1, 700), (2, 90))
+    }
+
+
+# Each case: the batch, and which (sequence, position) rows to compare against decoding them alone.
+CASES = {
+    "verification window": [(0, 301, 6)],
+    "decode next to a longer context": [(0, 301, 1), (1, 690, 1), (2, 40, 1)],
+    "windows of different lengths": [(2, 60, 3), (0, 301, 9), (1, 500, 1)],
+    "prefill beside another prefill": [(1, 450, 450), (0, 301, 301)],
+    "prefill chunk beside decodes": [(0, 301, 77), (2, 89, 1), (1, 650, 4)],
+}
+
+
+def _sample_positions(first: int, end: int) -> list[int]:
+    """Every position of a short query span; both ends and every 23rd of a long one (a prefill)."""
+    if end - first <= 12:
+        return list(range(first, end))
+    return sorted({first, first + 1, end - 2, end - 1, *range(first, end, 23)})
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_invariant_attention_rows_equal_decoding_alone(qkv, case):
+    batch = CASES[case]
+    rows = _attention(batch_invariant_paged_attention, batch, qkv)
+    for sid, ctx, n_q in batch:
+        for pos in _sample_positions(ctx - n_q, ctx):
+            alone = _attention(batch_invariant_paged_attention, [(sid, pos + 1, 1)], qkv)[sid][0]
+            assert torch.equal(rows[sid][pos - (ctx - n_q)], alone), (case, sid, pos)
+
+
+def test_sdpa_is_not_batch_invariant_here(qkv):
+    """Why the invariant path exists: the same comparison through torch SDPA finds differences (if a
+    future torch makes SDPA invariant, the default could switch back to it)."""
+    differing = 0
+    for batch in CASES.values():
+        rows = _attention(paged_attention, batch, qkv)
+        for sid, ctx, n_q in batch:
+            for pos in range(ctx - n_q, ctx, 7):
+                alone = _attention(paged_attention, [(sid, pos + 1, 1)], qkv)[sid][0]
+                differing += not torch.equal(rows[sid][pos - (ctx - n_q)], alone)
+    assert differing > 0
+
+
+def test_invariant_attention_matches_sdpa_closely(qkv):
+    """Same maths as SDPA at transformers-eager precision (bf16 scores and weights)."""
+    batch = CASES["prefill chunk beside decodes"]
+    ours = _attention(batch_invariant_paged_attention, batch, qkv)
+    ref = _attention(paged_attention, batch, qkv)
+    for sid in ours:
+        assert (ours[sid].float() - ref[sid].float()).abs().max() < 0.05
+
+
+def test_long_prefill_is_tiled_without_changing_rows(qkv):
+    assert INVARIANT_QUERY_TILE < 450  # the prefill below spans two query tiles
+    rows = _attention(batch_invariant_paged_attention, [(1, 450, 450)], qkv)[1]
+    for pos in (0, INVARIANT_QUERY_TILE - 1, INVARIANT_QUERY_TILE, 449):
+        alone = _attention(batch_invariant_paged_attention, [(1, pos + 1, 1)], qkv)[1][0]
+        assert torch.equal(rows[pos], alone), pos
+
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+
+
+def _decode(llm, prompts, params, concurrency):
+    out = []
+    for i in range(0, len(prompts), concurrency):
+        out += [
+            o.token_ids for o in llm.generate(prompts[i : i + concurrency], params, use_chat_template=False)
+        ]
+    return out
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_bf16_greedy_speculation_and_concurrency_are_token_identical(tiny_llama_dir, tiny_draft_dir, method):
+    prompts = mixed_prompts(6, seed=4)
+    kwargs = {
+        "quantization_encoding": "bfloat16",
+        "speculative_method": method,
+        "num_speculative_tokens": 4,
+        "batch_invariant": True,
+    }
+    if method == "draft_model":
+        kwargs["draft_model_path"] = str(tiny_draft_dir)
+    llm = make_llm(tiny_llama_dir, **kwargs)
+    plain = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, speculative_enabled=False)
+    reference = _decode(llm, prompts, plain, 1)
+    assert _decode(llm, prompts, plain, 6) == reference  # plain, all at once
+    assert _decode(llm, prompts, GREEDY, 1) == reference  # speculative, alone
+    assert _decode(llm, prompts, GREEDY, 6) == reference  # speculative, all at once
+    assert llm.engine.stats.spec.num_accepted_tokens > 0
+
+
+def test_smollm2_bf16_greedy_speculation_and_concurrency_are_token_identical():
+    """The real SmolLM2-135M (embedded default) in bf16 with n-gram speculation."""
+    from specserve.engine import LLM
+
+    llm = LLM(
+        quantization_encoding="bfloat16",
+        speculative_method="ngram",
+        max_kv_cache_tokens=8192,
+        max_length=1024,
+        batch_invariant=True,
+    )
+    prompts = [
+        llm.encode_prompt(p)
+        for p in (
+            "Write a Python function that merges two sorted lists.",
+            "List ten animals that live in the ocean and describe each.",
+            "Write a bash script that counts lines in all .py files, then explain it.",
+        )
+    ]
+    plain = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, speculative_enabled=False)
+    spec = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    reference = _decode(llm, prompts, plain, 1)
+    assert _decode(llm, prompts, plain, 3) == reference
+    assert _decode(llm, prompts, spec, 1) == reference
+    assert _decode(llm, prompts, spec, 3) == reference

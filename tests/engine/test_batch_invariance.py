@@ -150,7 +150,7 @@ def _decode(llm, prompts, params, concurrency):
     return out
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+@pytest.mark.parametrize("method", ["ngram", pytest.param("draft_model", marks=pytest.mark.slow)])
 def test_bf16_greedy_speculation_and_concurrency_are_token_identical(tiny_llama_dir, tiny_draft_dir, method):
     prompts = mixed_prompts(6, seed=4)
     kwargs = {
@@ -170,6 +170,7 @@ def test_bf16_greedy_speculation_and_concurrency_are_token_identical(tiny_llama_
     assert llm.engine.stats.spec.num_accepted_tokens > 0
 
 
+@pytest.mark.slow  # ~1 min of the default suite's 10; the tiny bf16 model covers the mechanism there
 def test_smollm2_bf16_greedy_speculation_and_concurrency_are_token_identical():
     """The real SmolLM2-135M (embedded default) in bf16 with n-gram speculation."""
     from specserve.engine import LLM

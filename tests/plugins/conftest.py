@@ -3,6 +3,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,16 @@ class RepeatLastProposer(Proposer):
 '''
 
 
+@contextmanager
+def _on_sys_path(folder: Path) -> Iterator[None]:
+    """Make packages installed into `folder` importable (and their entry points visible) meanwhile."""
+    sys.path.insert(0, str(folder))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(folder))
+
+
 def _install_single_module_plugin(root: Path, module: str, source: str, entry: str) -> None:
     """Install a one-module proposer the way pip would: the module plus a dist-info with an entry
     point `name = module:Class` in the group `specserve.proposers`."""
@@ -42,9 +54,8 @@ def toy_plugin_entry_point(tmp_path_factory):
     _install_single_module_plugin(
         root, "toy_specserve_plugin", TOY_PLUGIN, "toy = toy_specserve_plugin:RepeatLastProposer"
     )
-    sys.path.insert(0, str(root))
-    yield "toy"
-    sys.path.remove(str(root))
+    with _on_sys_path(root):
+        yield "toy"
 
 
 BROKEN_PLUGIN = '''
@@ -93,9 +104,8 @@ def broken_plugin_entry_point(tmp_path_factory):
     _install_single_module_plugin(
         root, "broken_specserve_plugin", BROKEN_PLUGIN, "broken = broken_specserve_plugin:BrokenProposer"
     )
-    sys.path.insert(0, str(root))
-    yield "broken"
-    sys.path.remove(str(root))
+    with _on_sys_path(root):
+        yield "broken"
 
 
 EXAMPLE_PLUGIN = Path(__file__).resolve().parents[2] / "examples" / "specserve-bigram-proposer"
@@ -111,9 +121,8 @@ def example_plugin_entry_point(tmp_path_factory):
         + ["--target", str(target), str(EXAMPLE_PLUGIN)],
         check=True,
     )
-    sys.path.insert(0, str(target))
-    yield "bigram"
-    sys.path.remove(str(target))
+    with _on_sys_path(target):
+        yield "bigram"
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
-"""The specserve server a load benchmark talks to (`bench serve`, `soak`): loopback-only base URLs, the
-bearer header, its /v1/models answer, and launching one on 127.0.0.1."""
+"""The specserve server a load benchmark talks to (`bench serve`, `soak`): base URLs (loopback unless a
+remote one is allowed explicitly), the bearer header, its /v1/models answer, and launching one on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -22,15 +22,22 @@ class BenchError(Exception):
 
 
 def loopback_url(
-    base_url: str, error: type[Exception], *, schemes: tuple[str, ...] = ("http", "https"), who: str
+    base_url: str,
+    error: type[Exception],
+    *,
+    schemes: tuple[str, ...] = ("http", "https"),
+    who: str,
+    allow_remote: bool | None = None,
 ) -> str:
-    """The URL without a trailing slash or /v1; `error` unless it points at this machine. Load tests only
-    ever target this machine: a typo must not turn one into a flood against someone else's server."""
+    """The URL without a trailing slash or /v1; `error` unless it points at this machine or `allow_remote`.
+    By default load tests only target this machine: a typo must not turn one into a flood against someone
+    else's server; a remote target (a cluster's Service) has to be asked for explicitly (None: the caller
+    offers no way to ask, False: it does but was not asked)."""
     parsed = urlparse(base_url)
     if parsed.scheme not in schemes or not parsed.hostname:
         raise error(f"--base-url must look like http://127.0.0.1:PORT, got {base_url!r}")
     host = parsed.hostname
-    if host != "localhost":
+    if host != "localhost" and not allow_remote:
         try:
             loopback = ipaddress.ip_address(host).is_loopback
         except ValueError:
@@ -38,7 +45,7 @@ def loopback_url(
         if not loopback:
             raise error(
                 f"--base-url host {host!r} is not a loopback address (use 127.0.0.1); {who} only targets"
-                " this machine"
+                " this machine" + ("" if allow_remote is None else " unless asked with --allow-remote")
             )
     try:
         parsed.port  # noqa: B018 - raises ValueError for a bad port

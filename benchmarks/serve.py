@@ -6,7 +6,8 @@ off in the SAME run: one server started with speculation, toggled per request wi
 requests/s, output tokens/s, TTFT, ITL (gap between streamed chunks), TPOT ((e2e - TTFT) / (tokens - 1))
 and E2E latency p50/p90/p99, plus the server's per-request acceptance stats.
 
-Loopback only (127.0.0.0/8, ::1, localhost), and bounded: at most --max-total-requests requests, and each
+Loopback (127.0.0.0/8, ::1, localhost) unless a remote --base-url is allowed explicitly with --allow-remote
+(which also needs --api-key: a cluster's server is one you hold the key to), and bounded: at most --max-total-requests requests, and each
 cell stops issuing new requests after --cell-time-limit seconds.
 """
 
@@ -36,9 +37,12 @@ SCHEMA = "specserve.bench.serve/1"
 MODES = ("off", "on")
 
 
-def check_loopback(base_url: str) -> str:
-    """Return the URL without a trailing slash, or raise BenchError if it does not point at this machine."""
-    return loopback_url(base_url, BenchError, who="this benchmark")
+def check_loopback(base_url: str, allow_remote: bool = False, api_key: str | None = None) -> str:
+    """Return the URL without a trailing slash, or raise BenchError if it does not point at this machine
+    (unless `allow_remote`, which needs an API key)."""
+    if allow_remote and not api_key:
+        raise BenchError("--allow-remote needs --api-key (or SPECSERVE_API_KEY) for the remote server")
+    return loopback_url(base_url, BenchError, who="this benchmark", allow_remote=allow_remote)
 
 
 @dataclass
@@ -215,12 +219,20 @@ def cell_summary(records: list[RequestRecord], duration: float) -> dict[str, Any
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="specserve bench serve",
-        description="Streaming load test against a specserve server on this machine: concurrency sweep, "
+        description="Streaming load test against a specserve server (this machine unless --allow-remote): "
+        "concurrency sweep, "
         "speculation on vs off per request in the same run. Server flags for --launch go after `--`.",
     )
     t = p.add_argument_group("target")
     t.add_argument(
-        "--base-url", default=None, help="a running server, e.g. http://127.0.0.1:8000 (loopback only)"
+        "--base-url",
+        default=None,
+        help="a running server, e.g. http://127.0.0.1:8000 (loopback unless --allow-remote)",
+    )
+    t.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="let --base-url point at another machine (e.g. a cluster Service); needs --api-key",
     )
     t.add_argument(
         "--launch", action="store_true", help="start `specserve serve` on 127.0.0.1 with the flags after --"
@@ -353,7 +365,7 @@ def _measure(
             launched = launch_server(server_args, log_dir / "server.log", args.launch_timeout)
             base_url = launched.base_url
         else:
-            base_url = check_loopback(args.base_url)
+            base_url = check_loopback(args.base_url, args.allow_remote, args.api_key)
         t0 = time.perf_counter()
         info = asyncio.run(server_info(base_url, args.api_key))
         cells = asyncio.run(sweep(base_url, args, levels, modes, per))
@@ -370,8 +382,10 @@ def run_benchmark(args: argparse.Namespace, argv: list[str], server_args: list[s
     if server_args and not args.launch:
         raise BenchError("server flags after -- only make sense with --launch")
     levels, modes, per = _plan(args)
+    if args.allow_remote and args.launch:
+        raise BenchError("--allow-remote only applies to --base-url (--launch starts a local server)")
     if args.base_url:
-        check_loopback(args.base_url)  # refuse before creating anything
+        check_loopback(args.base_url, args.allow_remote, args.api_key)  # refuse before creating anything
     out_dir = output_dir(args, "serve")
     base_url, info, cells, bench_s = _measure(args, server_args, levels, modes, per)
     report = {

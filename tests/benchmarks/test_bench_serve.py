@@ -67,6 +67,26 @@ def test_refuses_non_loopback(url):
         serve.check_loopback(url)
 
 
+def test_remote_needs_allow_remote_and_api_key():
+    url = "https://specserve.llm.svc.cluster.local:8000/v1"
+    with pytest.raises(serve.BenchError, match="--allow-remote"):
+        serve.check_loopback(url, api_key="k")  # a key alone is not the explicit opt-in
+    with pytest.raises(serve.BenchError, match="--api-key"):
+        serve.check_loopback(url, allow_remote=True)
+    assert serve.check_loopback(url, allow_remote=True, api_key="k") == url.removesuffix("/v1")
+    with pytest.raises(serve.BenchError, match="must look like"):
+        serve.check_loopback("ftp://10.0.0.1:1", allow_remote=True, api_key="k")
+
+
+def test_remote_flags_on_the_command_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SPECSERVE_API_KEY", raising=False)
+    out = ["--output-dir", str(tmp_path)]
+    assert serve.main(["--base-url", "http://10.0.0.1:8000", "--allow-remote", *out]) == 2
+    assert "needs --api-key" in capsys.readouterr().err
+    assert serve.main(["--launch", "--allow-remote", *out]) == 2
+    assert "only applies to --base-url" in capsys.readouterr().err
+
+
 def test_accepts_loopback():
     assert serve.check_loopback("http://127.0.0.1:8000/v1/") == "http://127.0.0.1:8000"
     assert serve.check_loopback("http://localhost:9") == "http://localhost:9"

@@ -8,27 +8,16 @@ with the right count. So the default is the smallest of torch's count, the affin
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
+# The cgroup reading lives in the engine, which also sizes the KV cache under the memory limit.
+from specserve.engine.cgroup_limits import cgroup_cpu_quota
 
-def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """CPUs granted by the cgroup quota, rounded up; None when unlimited or not readable."""
-    try:  # cgroup v2: "<quota> <period>" or "max <period>"
-        quota, period = (root / "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
-    except (OSError, ValueError):
-        pass
-    try:  # cgroup v1: quota -1 means unlimited
-        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
-        return None if quota_us <= 0 or period_us <= 0 else max(1, math.ceil(quota_us / period_us))
-    except (OSError, ValueError):
-        return None
+__all__ = ["cgroup_cpu_quota", "default_num_threads"]
 
 
-def default_num_threads(torch_threads: int, root: Path = Path("/sys/fs/cgroup")) -> int:
+def default_num_threads(torch_threads: int, root: Path | None = None) -> int:
     try:
         affinity = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not on Linux

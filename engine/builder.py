@@ -10,10 +10,10 @@ import torch
 
 from .config import QUANTIZED_ENCODINGS, EngineConfig, ModelSpec
 from .memory import (
+    device_memory,
     estimate_activation_bytes,
     module_bytes,
     plan_num_blocks,
-    total_device_memory,
 )
 from .models import ArchConfig, CausalDecoder, KVCache
 from .models.factory import load_decoder
@@ -90,14 +90,14 @@ def plan_kv_cache(
     blocks_per_seq = -(-max_length // config.block_size)
     # More blocks than every slot of a full batch can use only serve the prefix cache.
     useful_blocks = config.max_batch_size * blocks_per_seq * (2 if config.enable_prefix_caching else 1)
-    if config.max_kv_cache_tokens is not None:
-        num_blocks = -(-config.max_kv_cache_tokens // config.block_size)
-        if num_blocks < blocks_per_seq:
+    cap_blocks = None
+    if config.max_kv_cache_tokens is not None:  # a cap on the pool; memory still has to hold it
+        cap_blocks = -(-config.max_kv_cache_tokens // config.block_size)
+        if cap_blocks < blocks_per_seq:
             raise ValueError(
                 f"--max-kv-cache-tokens {config.max_kv_cache_tokens} cannot hold one sequence of"
                 f" --max-length {max_length} (needs {blocks_per_seq * config.block_size} tokens)"
             )
-        return KVPlan(num_blocks, bytes_per_block, 0)
     if spec.device.type == "cuda":
         activation = _profile_activation_bytes(
             target, max_num_batched_tokens, max_length, config.block_size, spec.device
@@ -111,15 +111,38 @@ def plan_kv_cache(
             target.config, max_num_batched_tokens, max_length, sample_rows, dtype_bytes
         )
     weights = module_bytes(target) + (proposer.weight_bytes() if proposer else 0)
+    memory = device_memory(spec.device)
     num_blocks = plan_num_blocks(
-        total_device_memory(spec.device),
+        memory.bytes,
         config.device_memory_utilization,
         weights,
         activation,
         bytes_per_block,
         blocks_per_seq,
+        memory.name,
     )
-    return KVPlan(min(num_blocks, useful_blocks), bytes_per_block, activation)
+    if cap_blocks is None:
+        num_blocks = min(num_blocks, useful_blocks)
+    elif cap_blocks > num_blocks:
+        logger.warning(
+            "--max-kv-cache-tokens %d does not fit under %.2f x %.2f GiB %s; the KV cache holds %d tokens",
+            config.max_kv_cache_tokens,
+            config.device_memory_utilization,
+            memory.bytes / (1 << 30),
+            memory.name,
+            num_blocks * config.block_size,
+        )
+    else:
+        num_blocks = cap_blocks
+    logger.info(
+        "KV cache: %d blocks (%d tokens, %.2f GiB) sized under %.2f GiB %s",
+        num_blocks,
+        num_blocks * config.block_size,
+        num_blocks * bytes_per_block / (1 << 30),
+        memory.bytes / (1 << 30),
+        memory.name,
+    )
+    return KVPlan(num_blocks, bytes_per_block, activation)
 
 
 def _profile_activation_bytes(

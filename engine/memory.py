@@ -1,16 +1,22 @@
 """Size the KV block pool from device memory: F x total - weights - peak activations.
 
 Peak activations are measured on CUDA (one forward at the full token budget, allocator peak) and
-bounded from the shapes on CPU (`estimate_activation_bytes`).
+bounded from the shapes on CPU (`estimate_activation_bytes`). On CPU "device memory" is the smaller of
+the machine's RAM and the container's cgroup memory limit: sizing from the node's RAM under a Kubernetes
+`limits.memory` lets the pool grow (it is committed lazily, as slots are written) until the pod is
+OOMKilled under load.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from .attention import INVARIANT_QUERY_TILE
+from .cgroup_limits import cgroup_memory_limit
 from .models.arch import ArchConfig
 
 
@@ -18,10 +24,26 @@ class InsufficientMemoryError(RuntimeError):
     pass
 
 
-def total_device_memory(device: torch.device) -> int:
+@dataclass(frozen=True)
+class DeviceMemory:
+    bytes: int
+    name: str  # what the bytes are, for messages: "system memory", "container memory limit (<file>)"
+
+
+def device_memory(
+    device: torch.device, cgroup_root: Path | None = None, self_cgroup: Path | None = None
+) -> DeviceMemory:
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[1]
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return DeviceMemory(torch.cuda.mem_get_info(device)[1], f"{device} memory")
+    system = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = cgroup_memory_limit(cgroup_root, self_cgroup)
+    if limit is not None and limit.bytes < system:
+        return DeviceMemory(limit.bytes, f"container memory limit ({limit.source})")
+    return DeviceMemory(system, "system memory")
+
+
+def total_device_memory(device: torch.device) -> int:
+    return device_memory(device).bytes
 
 
 def module_bytes(module: torch.nn.Module) -> int:
@@ -42,16 +64,29 @@ def plan_num_blocks(
     activation_bytes: int,
     bytes_per_block: int,
     min_blocks: int,
+    memory_name: str = "device memory",
 ) -> int:
-    available = int(total_bytes * utilization) - weight_bytes - activation_bytes
+    """Blocks that fit in `utilization` x `total_bytes` after weights and activations; a one-line
+    InsufficientMemoryError when not even one sequence of the max length (`min_blocks`) fits."""
+    budget = int(total_bytes * utilization)
+    available = budget - weight_bytes - activation_bytes
     num_blocks = available // bytes_per_block if available > 0 else 0
     if num_blocks < min_blocks:
         gib = 1 << 30
-        raise InsufficientMemoryError(
-            f"KV cache too small: {utilization:.2f} x {total_bytes / gib:.1f} GiB device memory"
+        sizes = (
+            f"{utilization:.2f} x {total_bytes / gib:.2f} GiB {memory_name}"
             f" - {weight_bytes / gib:.2f} GiB weights - {activation_bytes / gib:.2f} GiB peak activations"
-            f" leaves room for {max(num_blocks, 0)} blocks of {bytes_per_block} bytes, but one sequence of"
-            f" the max length needs {min_blocks}; raise --device-memory-utilization or lower --max-length"
+        )
+        if weight_bytes + activation_bytes >= budget:
+            raise InsufficientMemoryError(
+                f"the model does not fit: {sizes} leaves nothing for the KV cache; raise the memory"
+                " (limit) or --device-memory-utilization, quantize (--quantization-encoding int4), or"
+                " lower --max-num-batched-tokens"
+            )
+        raise InsufficientMemoryError(
+            f"KV cache too small: {sizes} leaves room for {num_blocks} blocks of {bytes_per_block} bytes,"
+            f" but one sequence of the max length needs {min_blocks}; raise --device-memory-utilization"
+            " or the memory (limit), or lower --max-length"
         )
     return num_blocks
 

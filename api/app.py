@@ -1,4 +1,5 @@
-"""The aiohttp application: middleware (errors, auth), routes, OpenAPI document."""
+"""The aiohttp application: middleware (request ids and access log, errors, auth), routes, OpenAPI
+document."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from specserve import __version__
 from specserve.engine.async_engine import AsyncEngine
 
 from .errors import ApiError, error_response
+from .logs import access_middleware, add_request_id_header
 from .metrics import CONTENT_TYPE, MetricsExporter
 from .openai_serving import OpenAIServing
 from .openapi import openapi_document
@@ -152,11 +154,17 @@ def build_app(
     max_waiting: int = 256,
     read_timeout: float = 30.0,
     log_stats_interval: float = 10.0,
+    access_log: bool = True,
 ) -> web.Application:
     app = web.Application(
-        middlewares=[error_middleware, auth_middleware(api_key, open_paths or {"/health", "/metrics"})],
+        middlewares=[
+            access_middleware(access_log),  # outermost: request id first, access line with the final status
+            error_middleware,
+            auth_middleware(api_key, open_paths or {"/health", "/metrics"}),
+        ],
         client_max_size=max_request_bytes,
     )
+    app.on_response_prepare.append(add_request_id_header)
     exporter = MetricsExporter(model_name, engine.snapshot())
     app[ENGINE_KEY] = engine
     app[SERVING_KEY] = OpenAIServing(engine, model_name, engine.tokenizer, max_waiting)

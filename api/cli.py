@@ -8,7 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .flags import GENERATE_FLAGS, MODEL_AND_ENGINE, SERVE_FLAGS
+from .flags import GENERATE_FLAGS, LOG_FLAGS, MODEL_AND_ENGINE, SERVE_FLAGS
 from .settings import (
     CliError,
     OneLineArgumentParser,
@@ -19,8 +19,11 @@ from .settings import (
     parse_settings,
 )
 
-GenerateSettings = build_settings_class("GenerateSettings", MODEL_AND_ENGINE + GENERATE_FLAGS)
-ServeSettings = build_settings_class("ServeSettings", MODEL_AND_ENGINE + SERVE_FLAGS)
+GENERATE_LOG_FLAGS = [f for f in LOG_FLAGS if f.name != "no_access_log"]  # no HTTP requests to log
+GenerateSettings = build_settings_class(
+    "GenerateSettings", MODEL_AND_ENGINE + GENERATE_FLAGS + GENERATE_LOG_FLAGS
+)
+ServeSettings = build_settings_class("ServeSettings", MODEL_AND_ENGINE + SERVE_FLAGS + LOG_FLAGS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,9 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", parser_class=OneLineArgumentParser)
     serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
-    add_flags(serve, MODEL_AND_ENGINE + SERVE_FLAGS)
+    add_flags(serve, MODEL_AND_ENGINE + SERVE_FLAGS + LOG_FLAGS)
     gen = sub.add_parser("generate", help="generate a completion for one prompt")
-    add_flags(gen, MODEL_AND_ENGINE + GENERATE_FLAGS)
+    add_flags(gen, MODEL_AND_ENGINE + GENERATE_FLAGS + GENERATE_LOG_FLAGS)
     sub.add_parser("models", help="list known models and whether each is cached")
     dl = sub.add_parser("download", help="fetch a known model into the cache")
     dl.add_argument("model_id", help="hub id, e.g. Qwen/Qwen2.5-Coder-0.5B-Instruct")
@@ -60,9 +63,9 @@ def main(argv: list[str] | None = None) -> None:
             print(__version__)
             return
         if args.command == "serve":
-            run_serve(parse_settings(ServeSettings, args))
+            run_serve(_with_logging(parse_settings(ServeSettings, args)))
         elif args.command == "generate":
-            run_generate(parse_settings(GenerateSettings, args))
+            run_generate(_with_logging(parse_settings(GenerateSettings, args)))
         elif args.command == "models":
             run_models()
         elif args.command == "download":
@@ -78,6 +81,17 @@ def main(argv: list[str] | None = None) -> None:
         fail(str(exc))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+
+
+def _with_logging(settings):
+    """Set up logging from --log-level / --log-format (or SPECSERVE_LOG_*) before anything logs."""
+    from .logs import configure_logging
+
+    try:
+        configure_logging(settings.log_level, settings.log_format)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return settings
 
 
 def _startup_errors() -> tuple[type[BaseException], ...]:

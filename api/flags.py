@@ -208,4 +208,21 @@ GENERATE_FLAGS = [
     Flag("output", str, "text", "text or json", "generation", choices=("text", "json")),
 ]
 
+# Logging, for serve and generate (--no-access-log only matters to serve). Values from SPECSERVE_LOG_*
+# are checked again in api/logs.py, since the environment skips argparse's choices.
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("text", "json")
+LOG_FLAGS = [
+    Flag("log_level", str, "info", "debug, info, warning, error or critical", "logging", choices=LOG_LEVELS),
+    Flag(
+        "log_format",
+        str,
+        "text",
+        "text, or json: one JSON object per line (request id, route, status, latency, tokens; no prompt text)",
+        "logging",
+        choices=LOG_FORMATS,
+    ),
+    Flag("no_access_log", bool, False, "no log line per HTTP request (serve)", "logging"),
+]
+
 MODEL_AND_ENGINE = MODEL_FLAGS + DRAFT_FLAGS + SPEC_FLAGS + ENGINE_FLAGS

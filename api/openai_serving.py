@@ -20,6 +20,7 @@ from specserve.engine.stats import acceptance_rate, mean_acceptance_length
 from specserve.engine.tokenizer import Tokenizer
 
 from .errors import _TYPES, ApiError
+from .logs import USAGE_KEY
 from .protocol import ChatCompletionRequest, CompletionRequest, error_body
 
 
@@ -150,7 +151,8 @@ class OpenAIServing:
         iters = [s.__aiter__() for s in streams]
         # One pump task per choice merges all choices' outputs into one queue, in arrival order.
         merged: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue()
-        tasks = [asyncio.create_task(self._pump(i, it, merged)) for i, it in enumerate(iters)]
+        generated = [0] * len(iters)  # tokens each choice has generated so far (for the access log)
+        tasks = [asyncio.create_task(self._pump(i, it, merged, generated)) for i, it in enumerate(iters)]
         try:
             if body.stream:
                 return await self._stream(request, base, body, tasks, merged, prompt_tokens, chat, params)
@@ -161,11 +163,15 @@ class OpenAIServing:
             await asyncio.gather(*tasks, return_exceptions=True)
             for rid in request_ids:  # no-op for finished ones; frees any a cancelled task never started
                 self.engine.abort(rid)
+            request[USAGE_KEY] = {"prompt_tokens": prompt_tokens, "completion_tokens": sum(generated)}
 
     @staticmethod
-    async def _pump(index: int, it: AsyncIterator[RequestOutput], merged: asyncio.Queue) -> None:
+    async def _pump(
+        index: int, it: AsyncIterator[RequestOutput], merged: asyncio.Queue, generated: list[int]
+    ) -> None:
         try:
             async for out in it:
+                generated[index] = out.num_output_tokens
                 await merged.put((index, out))
         except InvalidParameterError as exc:
             await merged.put((index, exc))

@@ -53,6 +53,7 @@ async def serve(core: EngineCore, settings) -> None:
         max_waiting=settings.max_waiting_requests,
         read_timeout=settings.request_read_timeout,
         log_stats_interval=settings.log_stats_interval,
+        access_log=not settings.no_access_log,
     )
     runner = web.AppRunner(
         app,

@@ -8,12 +8,14 @@ import shutil
 import subprocess
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "specserve"
+DATA = Path(__file__).resolve().parent / "data"
 RELEASE = "rel"
 NAMESPACE = "llm"
 
@@ -76,3 +78,35 @@ def one(docs: list[dict], kind: str) -> dict:
 
 def container(docs: list[dict]) -> dict:
     return one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+def _strict(schema: Any) -> Any:
+    """The schema with unknown fields refused wherever it lists properties and does not allow others
+    (what the API server's strict field validation does for a structural CRD schema)."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items()}
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+@cache
+def crd_validator(plural: str, version: str = "v1") -> Any:
+    """jsonschema validator for a vendored prometheus-operator CRD (tests/deploy/data/README.md)."""
+    import jsonschema
+
+    (crd,) = [d for d in yaml.safe_load_all((DATA / f"monitoring.coreos.com_{plural}.yaml").read_text()) if d]
+    (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
+    schema = _strict(served["schema"]["openAPIV3Schema"])
+    # What the API server checks besides the schema: the group/version and kind of the object.
+    schema["properties"]["apiVersion"]["const"] = f"{crd['spec']['group']}/{version}"
+    schema["properties"]["kind"]["const"] = crd["spec"]["names"]["kind"]
+    schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind", "metadata"})
+    return jsonschema.Draft7Validator(schema)

@@ -6,15 +6,33 @@ helm comes from scripts/install_helm.sh (.tools/bin/helm); the tests skip only w
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import tarfile
 
 import kubernetes_validate
 import pytest
-from deploy_helpers import CHART, NAMESPACE, REPO, by_kind, container, one, render, requires_helm, run_helm
+import yaml
+from deploy_helpers import (
+    CHART,
+    NAMESPACE,
+    REPO,
+    by_kind,
+    container,
+    crd_validator,
+    one,
+    render,
+    requires_helm,
+    run_helm,
+)
 
 pytestmark = requires_helm
 
 K8S_VERSION = kubernetes_validate.latest_version()
-CRD_KINDS = {"ServiceMonitor"}  # prometheus-operator CRD: not in the core schemas, checked by hand below
+# prometheus-operator CRDs are not in the core schemas: PrometheusRule is validated against its vendored
+# CRD schema (tests/deploy/data), ServiceMonitor is checked by hand below.
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+RULES = CHART / "rules" / "rules.yml"
 
 GPU = {
     "devices": "gpu",
@@ -70,9 +88,52 @@ INGRESS = {
 }
 OBSERVED = {
     "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+    "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
     "grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "LLM"}},
     "cache": {"persistence": {"enabled": True, "existingClaim": "models"}},
     "podDisruptionBudget": {"enabled": True, "minAvailable": 1},
+}
+
+# The operator knobs of issue 17, all at once.
+PREFETCH = {
+    "name": "prefetch",
+    "image": "ghcr.io/specserve/specserve:0.1.0-gpu",
+    "command": ["specserve", "download", "Qwen/Qwen2.5-Coder-1.5B-Instruct"],
+    "env": [{"name": "HOME", "value": "/tmp"}, {"name": "SPECSERVE_CACHE_DIR", "value": "/cache/specserve"}],
+    "volumeMounts": [{"name": "cache", "mountPath": "/cache"}, {"name": "tmp", "mountPath": "/tmp"}],
+}
+OPERATOR = {
+    "runtimeClassName": "nvidia",
+    "gpuNodeAffinity": {
+        "enabled": True,
+        "matchExpressions": [
+            {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]},
+            {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]},
+        ],
+    },
+    "affinity": {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "specserve"}},
+                    },
+                }
+            ]
+        }
+    },
+    "extraVolumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}],
+    "extraVolumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
+    "initContainers": [PREFETCH],
+    "extraEnv": [{"name": "SPECSERVE_MAX_WAITING_REQUESTS", "value": "64"}],
+    "podAnnotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"},
+    "topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}
+    ],
+    "engine": {**GPU["engine"], "maxKvCacheTokens": 65536},
+    "logging": {"level": "warning", "format": "json", "accessLog": False},
 }
 
 VARIANTS = {
@@ -82,7 +143,15 @@ VARIANTS = {
     "autoscaling-queue": AUTOSCALING_QUEUE,
     "ingress": INGRESS,
     "observed": OBSERVED,
-    "everything": {**GPU, **AUTOSCALING_QUEUE, **INGRESS, "serviceMonitor": OBSERVED["serviceMonitor"]},
+    "everything": {
+        **GPU,
+        **AUTOSCALING_QUEUE,
+        **INGRESS,
+        **OPERATOR,
+        "serviceMonitor": OBSERVED["serviceMonitor"],
+        "prometheusRule": OBSERVED["prometheusRule"],
+        "grafanaDashboard": OBSERVED["grafanaDashboard"],
+    },
 }
 
 
@@ -94,6 +163,11 @@ def test_manifests_validate_against_kubernetes_schemas(variant):
     docs = render(VARIANTS[variant])
     assert {"Deployment", "Service"} <= {d["kind"] for d in docs}
     for doc in docs:
+        if doc["kind"] == "PrometheusRule":
+            errors = [
+                f"{e.message} at {list(e.path)}" for e in crd_validator("prometheusrules").iter_errors(doc)
+            ]
+            assert not errors, errors
         if doc["kind"] in CRD_KINDS:
             continue
         try:
@@ -159,11 +233,18 @@ def test_default_values():
     assert "--enable-chunked-prefill" in c["args"]
     assert "nvidia.com/gpu" not in json.dumps(c["resources"])
     assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"]
+    # A CPU limit, so the server's thread count follows the cgroup quota.
+    assert c["resources"]["limits"]["cpu"] == c["resources"]["requests"]["cpu"]
+    assert "--log-level=info" in c["args"] and "--log-format=text" in c["args"]
+    assert "--no-access-log" not in c["args"] and not any("--max-kv-cache-tokens" in a for a in c["args"])
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert not {"runtimeClassName", "initContainers", "affinity", "topologySpreadConstraints"} & pod.keys()
     env = {e["name"]: e for e in c["env"]}
     assert "HF_TOKEN" not in env and "SPECSERVE_API_KEY" not in env
     assert one(docs, "Deployment")["spec"]["replicas"] == 1
     assert not by_kind(docs, "HorizontalPodAutoscaler") and not by_kind(docs, "Ingress")
     assert not by_kind(docs, "PersistentVolumeClaim") and not by_kind(docs, "ServiceMonitor")
+    assert not by_kind(docs, "PrometheusRule")
     svc = one(docs, "Service")
     assert svc["spec"]["ports"][0]["targetPort"] == "http"
     assert svc["spec"]["selector"] == one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
@@ -366,6 +447,17 @@ INVALID = {
     "typo-key": ({"replicas": 2}, "replicas"),
     "typo-nested-key": ({"model": {"pathh": "x"}}, "pathh"),
     "zero-threads": ({"engine": {"numThreads": 0}}, "numThreads"),
+    "zero-kv-tokens": ({"engine": {"maxKvCacheTokens": 0}}, "maxKvCacheTokens"),
+    "bad-log-format": ({"logging": {"format": "xml"}}, "format"),
+    "bad-runtime-class": ({"runtimeClassName": "Not A Name"}, "runtimeClassName"),
+    "extra-volume-named-cache": ({"extraVolumes": [{"name": "cache", "emptyDir": {}}]}, "name"),
+    "mount-without-path": ({"extraVolumeMounts": [{"name": "models"}]}, "mountPath"),
+    "init-container-without-image": ({"initContainers": [{"name": "prefetch"}]}, "image"),
+    "bad-gpu-affinity-operator": (
+        {"gpuNodeAffinity": {"enabled": True, "matchExpressions": [{"key": "k", "operator": "Is"}]}},
+        "operator",
+    ),
+    "typo-prometheus-rule-key": ({"prometheusRule": {"enable": True}}, "enable"),
     "draft-method-without-draft": ({"speculative": {"method": "draft_model"}}, "path"),
     "bad-ingress-path": ({"ingress": {"enabled": True, "hosts": [{"paths": [{"path": "v1"}]}]}}, "path"),
     "min-above-max-replicas": (
@@ -407,3 +499,129 @@ def test_utilisation_from_helm_set(value, ok):
         assert f'"--device-memory-utilization={value}"' in proc.stdout
     else:
         assert "deviceMemoryUtilization" in proc.stderr
+
+
+# --- issue 17: operator knobs, alerts in the cluster ---------------------------------------------
+
+
+def test_operator_knobs_render():
+    docs = render(VARIANTS["everything"])
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["initContainers"] == [PREFETCH]
+    assert {"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod[
+        "volumes"
+    ]
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
+    assert {"name": "SPECSERVE_MAX_WAITING_REQUESTS", "value": "64"} in c["env"]
+    annotations = one(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+    assert "checksum/args" in annotations
+    # A spread constraint without a selector selects this release's pods.
+    (spread,) = pod["topologySpreadConstraints"]
+    selector = one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert spread["labelSelector"] == {"matchLabels": selector}
+    assert spread["topologyKey"] == "topology.kubernetes.io/zone"
+    for flag in (
+        "--max-kv-cache-tokens=65536",
+        "--log-level=warning",
+        "--log-format=json",
+        "--no-access-log",
+    ):
+        assert flag in c["args"], (flag, c["args"])
+    assert c["args"][-1] == "--max-num-steps=3"  # extraArgs still come last
+
+
+def test_gpu_node_affinity():
+    expressions = OPERATOR["gpuNodeAffinity"]["matchExpressions"]
+    pod = one(render(VARIANTS["everything"]), "Deployment")["spec"]["template"]["spec"]
+    affinity = pod["affinity"]
+    assert affinity["podAntiAffinity"] == OPERATOR["affinity"]["podAntiAffinity"]  # the user's, kept
+    terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": expressions}]
+    # The user's own required terms are ORed: the GPU expressions are ANDed into each of them.
+    own = {"key": "pool", "operator": "In", "values": ["a"]}
+    user = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [own]}, {"matchFields": [own]}]
+            }
+        }
+    }
+    values = {"devices": "gpu", "gpuNodeAffinity": OPERATOR["gpuNodeAffinity"], "affinity": user}
+    pod = one(render(values), "Deployment")["spec"]["template"]["spec"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert terms == [
+        {"matchExpressions": [own, *expressions]},
+        {"matchFields": [own], "matchExpressions": expressions},
+    ]
+    kubernetes_validate.validate(one(render(values), "Deployment"), K8S_VERSION, strict=True)
+    # Only for GPU pods, and only when enabled.
+    cpu = one(render({"gpuNodeAffinity": {"enabled": True}}), "Deployment")["spec"]["template"]["spec"]
+    assert "affinity" not in cpu
+    assert "affinity" not in one(render({"devices": "gpu"}), "Deployment")["spec"]["template"]["spec"]
+
+
+def _rules_file() -> dict:
+    return yaml.safe_load(RULES.read_text())
+
+
+def test_prometheus_rule_is_the_monitoring_rules_file(tmp_path):
+    docs = render(OBSERVED)
+    rule = one(docs, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["spec"] == {"groups": _rules_file()["groups"]}  # one source, rendered whole
+    # Prometheus's own template syntax reaches it untouched by helm's.
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert "{{ $labels.instance }}" in alerts["SpecServeKVCacheNearlyFull"]["annotations"]["summary"]
+    assert not by_kind(render({"prometheusRule": {"enabled": False}}), "PrometheusRule")
+    # The rules as the operator hands them to Prometheus pass promtool.
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not found; install it with: bash scripts/install_prometheus.sh")
+    extracted = tmp_path / "extracted-rules.yml"
+    extracted.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}, sort_keys=False))
+    proc = subprocess.run(
+        [promtool, "check", "rules", str(extracted)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "10 rules found" in proc.stdout
+
+
+def test_monitoring_rules_file_is_the_chart_file():
+    """monitoring/prometheus/rules.yml is a symlink to the chart's copy, so the two cannot differ."""
+    link = REPO / "monitoring" / "prometheus" / "rules.yml"
+    assert link.is_symlink() and link.resolve() == RULES.resolve()
+
+
+def test_prometheus_rule_crd_schema_refuses_bad_objects():
+    """The vendored CRD schema really checks: a typo'd field, a bad duration, a rule without expr."""
+    good = one(render(OBSERVED), "PrometheusRule")
+    validator = crd_validator("prometheusrules")
+    assert not list(validator.iter_errors(good))
+    bad_group = {"name": "g", "rules": [{"record": "x", "expr": "up"}], "intervall": "1m"}
+    for spec in (
+        {"groups": [bad_group]},
+        {"groups": [{"name": "g", "rules": [{"alert": "A", "expr": "up", "for": "ten minutes"}]}]},
+        {"groups": [{"name": "g", "rules": [{"alert": "A"}]}]},
+    ):
+        assert list(validator.iter_errors({**good, "spec": spec})), spec
+
+
+def test_packaged_chart_carries_the_rules(tmp_path):
+    """`helm package` puts the rules (and dashboard) in the archive, and the archive renders them."""
+    proc = run_helm("package", str(CHART), "--destination", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    (archive,) = tmp_path.glob("specserve-*.tgz")
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("specserve/rules/rules.yml")
+        assert member is not None and member.read() == RULES.read_bytes()
+        assert "specserve/dashboards/specserve-dashboard.json" in tar.getnames()
+    proc = run_helm("template", "rel", str(archive), "--set", "prometheusRule.enabled=true")
+    assert proc.returncode == 0, proc.stderr
+    (rule,) = [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] == "PrometheusRule"]
+    assert rule["spec"]["groups"] == _rules_file()["groups"]

@@ -109,7 +109,49 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if not (kindIs "invalid" .Values.engine.numThreads) }}
 - {{ printf "--num-threads=%v" (int64 .Values.engine.numThreads) | quote }}
 {{- end }}
+{{- if not (kindIs "invalid" .Values.engine.maxKvCacheTokens) }}
+- {{ printf "--max-kv-cache-tokens=%v" (int64 .Values.engine.maxKvCacheTokens) | quote }}
+{{- end }}
+- {{ printf "--log-level=%v" .Values.logging.level | quote }}
+- {{ printf "--log-format=%v" .Values.logging.format | quote }}
+{{- if not .Values.logging.accessLog }}
+- "--no-access-log"
+{{- end }}
 {{- range .Values.extraArgs }}
 - {{ toString . | quote }}
 {{- end }}
+{{- end }}
+
+{{/* Pod affinity: .Values.affinity, plus (devices=gpu, gpuNodeAffinity.enabled) the GPU node expressions
+     ANDed into every required node selector term (one term of their own when there is none). */}}
+{{- define "specserve.affinity" -}}
+{{- $affinity := deepCopy (.Values.affinity | default dict) }}
+{{- if and (eq .Values.devices "gpu") .Values.gpuNodeAffinity.enabled }}
+{{- $node := get $affinity "nodeAffinity" | default dict }}
+{{- $required := get $node "requiredDuringSchedulingIgnoredDuringExecution" | default dict }}
+{{- $terms := list }}
+{{- range (get $required "nodeSelectorTerms" | default (list dict)) }}
+{{- $exprs := concat (get . "matchExpressions" | default list) $.Values.gpuNodeAffinity.matchExpressions }}
+{{- $terms = append $terms (merge (dict "matchExpressions" $exprs) .) }}
+{{- end }}
+{{- $_ := set $required "nodeSelectorTerms" $terms }}
+{{- $_ := set $node "requiredDuringSchedulingIgnoredDuringExecution" $required }}
+{{- $_ := set $affinity "nodeAffinity" $node }}
+{{- end }}
+{{- if $affinity }}
+{{- toYaml $affinity }}
+{{- end }}
+{{- end }}
+
+{{/* Topology spread constraints; one without a labelSelector selects this release's pods. */}}
+{{- define "specserve.topologySpread" -}}
+{{- $out := list }}
+{{- range .Values.topologySpreadConstraints }}
+{{- $c := deepCopy . }}
+{{- if not (hasKey $c "labelSelector") }}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" (include "specserve.selectorLabels" $ | fromYaml)) }}
+{{- end }}
+{{- $out = append $out $c }}
+{{- end }}
+{{- toYaml $out }}
 {{- end }}

@@ -6,9 +6,14 @@ Adding a metric = one field in EngineSnapshot + one row here.
 
 Names mirror vLLM v1 with the prefix `specserve:` so dashboards port by a prefix change
 (prometheus-client appends `_total` to counters, `_bucket`/`_sum`/`_count` to histograms and `_info`
-to the info metric). Every series carries `model_name`; speculative-decoding series also carry
-`proposer`. One CollectorRegistry per server (no global registry), so several servers can live in
-one process. This is the only module that imports prometheus_client.
+to the info metric). Every series carries `model_name`, the info metric included; speculative-decoding
+series also carry `proposer`. One CollectorRegistry per server (no global registry), so several servers
+can live in one process. This is the only module that imports prometheus_client.
+
+`promtool check metrics` passes on the output except for one rule we break on purpose: the ':' in the
+names, shared with vLLM so its dashboards and queries port by a prefix change (Prometheus reserves ':'
+for recording rules, but scrapes and stores such names fine). Counters' and histograms' `_created`
+samples are switched off: promtool and most dashboards do not use them, and they double the series.
 
 `update()` runs on the event loop, after each engine step and on every scrape, possibly while the
 next step runs in the worker thread. It therefore works from snapshots (each engine counter read
@@ -25,7 +30,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from specserve.engine.request import FinishReason
@@ -39,6 +52,8 @@ from specserve.engine.stats import (
 
 logger = logging.getLogger("specserve.stats")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+# prometheus-client's switch is process-wide (no per-registry option); this module owns every metric.
+disable_created_metrics()
 
 _LATENCY_BUCKETS = (
     0.005,
@@ -97,7 +112,7 @@ class Series:
 
     @property
     def sample_names(self) -> tuple[str, ...]:
-        """Every sample name a query can select (prometheus-client's `_created` samples aside)."""
+        """Every sample name a query can select (`_created` samples are disabled)."""
         if self.kind == "histogram":
             return tuple(f"{self.name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
         return (self.exposed_name,)
@@ -230,7 +245,7 @@ SERIES: tuple[Series, ...] = (
     Series("specserve:num_requests_running", "gauge", "Requests running", _M, lambda s: s.num_running),
     Series("specserve:num_requests_waiting", "gauge", "Requests waiting", _M, lambda s: s.num_waiting),
     Series("specserve:kv_cache_usage_perc", "gauge", "KV cache usage (0-1)", _M, lambda s: s.kv_cache_usage),
-    Series("specserve:cache_config", "info", "KV cache configuration", (), _cache_config),
+    Series("specserve:cache_config", "info", "KV cache configuration", _M, _cache_config),
     Series(
         "specserve:time_to_first_token_seconds",
         "histogram",
@@ -270,8 +285,8 @@ def markdown_table(series: Sequence[Series] = SERIES) -> str:
     """The README's metric list (tests/api/test_metrics.py keeps the README equal to this)."""
     rows = ["| Series | Type | Labels | Meaning |", "| --- | --- | --- | --- |"]
     for row in series:
-        # An info metric's labels are its content.
-        names = row.read(EngineSnapshot()) if row.kind == "info" else row.labels
+        # An info metric's labels are its own and its content.
+        names = (*row.labels, *row.read(EngineSnapshot())) if row.kind == "info" else row.labels
         labels = ", ".join(f"`{name}`" for name in names)
         rows.append(f"| `{row.exposed_name}` | {row.kind} | {labels} | {row.help} |")
     return "\n".join(rows)
@@ -284,7 +299,7 @@ def _create(row: Series, registry: CollectorRegistry) -> Counter | Gauge | Histo
         return Gauge(row.name, row.help, row.labels, registry=registry)
     if row.kind == "histogram":
         return Histogram(row.name, row.help, row.labels, buckets=row.buckets, registry=registry)
-    return Info(row.name, row.help, registry=registry)
+    return Info(row.name, row.help, row.labels, registry=registry)
 
 
 class MetricsExporter:
@@ -301,7 +316,7 @@ class MetricsExporter:
         for row in self._series:
             metric = self._metrics[row.name]
             if row.kind == "info":
-                metric.info(row.read(first))
+                metric.labels(*self._label_values(row)).info(row.read(first))
             elif row.key_label is not None:
                 for key in row.read(first):
                     metric.labels(*self._label_values(row, key))

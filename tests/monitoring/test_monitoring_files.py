@@ -91,6 +91,25 @@ def test_dashboard_covers_the_issue(exported):
     ):
         assert name in used, name
     quantiles = [e for _, e in exprs if e.startswith("histogram_quantile(")]
+    # The vLLM dashboard's request panels, from the series we have (issue 17).
+    by_title: dict[str, set[str]] = {}
+    for title, e in exprs:
+        by_title.setdefault(title, set()).update(promql_metric_names(e))
+    assert by_title["Time per output token (TPOT)"] == {
+        "specserve:inter_token_latency_seconds_sum",
+        "specserve:inter_token_latency_seconds_count",
+    }
+    assert {
+        "specserve:request_queue_time_seconds_sum",
+        "specserve:time_to_first_token_seconds_sum",
+        "specserve:e2e_request_latency_seconds_sum",
+    } <= by_title["Queue, prefill and decode time per request"]
+    assert {
+        "specserve:prompt_tokens_total",
+        "specserve:generation_tokens_total",
+        "specserve:request_success_total",
+    } == by_title["Prompt and generation length (mean per request)"]
+    assert by_title["Finish reasons (time range)"] == {"specserve:request_success_total"}
     for metric in ("time_to_first_token", "inter_token_latency", "e2e_request_latency"):
         qs = {e.split(",")[0] for e in quantiles if f"specserve:{metric}_seconds_bucket" in e}
         assert qs == {"histogram_quantile(0.5", "histogram_quantile(0.9", "histogram_quantile(0.99"}, metric

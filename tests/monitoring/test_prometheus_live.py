@@ -255,7 +255,13 @@ def test_dashboard_queries_run_and_metrics_exist(server, prometheus, traffic):
     by_title = {}
     for title, expr in exprs:
         by_title.setdefault(title, expr)
-    for title in ("Draft acceptance rate", "Generation tokens/s", "Requests running / waiting"):
+    for title in (
+        "Draft acceptance rate",
+        "Generation tokens/s",
+        "Requests running / waiting",
+        "Time per output token (TPOT)",
+        "Finish reasons (time range)",
+    ):
         q = by_title[title]
         for var, val in sorted(GRAFANA_VARS.items(), key=lambda kv: -len(kv[0])):
             q = q.replace(var, val)

@@ -19,7 +19,12 @@ PROMPT = "zebra-orchid-quartz secret prompt text"  # must never reach the log
 @pytest.fixture(scope="module")
 def json_server(tiny_llama_dir, tmp_path_factory):
     srv = start_server(
-        tiny_llama_dir, tmp_path_factory.mktemp("json-logs"), "--served-model-name", "tiny", "--log-format", "json"
+        tiny_llama_dir,
+        tmp_path_factory.mktemp("json-logs"),
+        "--served-model-name",
+        "tiny",
+        "--log-format",
+        "json",
     )
     yield srv
     srv.stop()
@@ -80,9 +85,9 @@ async def test_json_access_lines_carry_the_request_id(json_server):
 async def test_no_access_log(tiny_llama_dir, tmp_path):
     srv = start_server(tiny_llama_dir, tmp_path, "--no-access-log", "--log-level", "debug")
     try:
-        async with aiohttp.ClientSession() as s:
-            async with s.post(srv.api_url + "/completions", json={"prompt": "hi", "max_tokens": 2}) as r:
-                assert r.status == 200 and r.headers["X-Request-Id"]  # ids still flow without the log
+        body = {"prompt": "hi", "max_tokens": 2}
+        async with aiohttp.ClientSession() as s, s.post(srv.api_url + "/completions", json=body) as r:
+            assert r.status == 200 and r.headers["X-Request-Id"]  # ids still flow without the log
     finally:
         srv.stop()
     assert "specserve.access" not in srv.log()

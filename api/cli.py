@@ -177,6 +177,7 @@ def run_generate(settings) -> None:
             "acceptance_rate": round(spec.acceptance_rate, 4),
             "mean_acceptance_length": round(spec.mean_acceptance_length, 4),
             "per_position_acceptance": [round(x, 4) for x in spec.per_position_acceptance()],
+            "mean_k": round(spec.mean_k, 4),
         },
     }
     print(json.dumps(report))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from specserve.engine.config import ENCODINGS, INT4_GROUP_SIZES
+from specserve.engine.sampling_params import SPECULATIVE_POLICIES
 
 
 @dataclass(frozen=True)
@@ -77,15 +78,26 @@ SPEC_FLAGS = [
         "speculative_method",
         str,
         "auto",
-        "auto|none|ngram|draft_model|medusa|<plugin>|pkg.module:Class (auto: draft_model if a draft is given, else ngram)",
+        "auto|none|ngram|draft_model|medusa|<plugin>|pkg.module:Class, or a comma list such as"
+        " ngram,draft_model (per request per step the proposer expected to do best; auto: ngram,draft_model"
+        " if a draft is given, else ngram)",
         "speculative decoding",
+    ),
+    Flag(
+        "speculative_policy",
+        str,
+        "adaptive",
+        "adaptive: a controller picks k per request per step from measured acceptance and step cost"
+        " (0 when drafting does not pay); static: always draft --max-num-steps",
+        "speculative decoding",
+        choices=SPECULATIVE_POLICIES,
     ),
     Flag(
         "max_num_steps",
         int,
         None,
-        "most draft tokens proposed per verification (default 5; 3 for an int8/int4 target, whose"
-        " kernels verify up to 4 rows for the price of ~2)",
+        "most draft tokens proposed per verification (adaptive policy: a cap, default 8, 7 for an"
+        " int8/int4 target; static: default 5, 3 for int8/int4, whose kernels verify 4 rows for ~2)",
         "speculative decoding",
         aliases=("--num-speculative-tokens",),
     ),

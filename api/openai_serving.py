@@ -321,6 +321,7 @@ class OpenAIServing:
         drafts = sum(o.num_drafts for o in finals if o)
         draft_tokens = sum(o.num_draft_tokens for o in finals if o)
         accepted = sum(o.num_accepted_tokens for o in finals if o)
+        decisions = sum(o.num_k_decisions for o in finals if o)
         return {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion,
@@ -331,6 +332,8 @@ class OpenAIServing:
                 "num_accepted_tokens": accepted,
                 "acceptance_rate": acceptance_rate(accepted, draft_tokens),
                 "mean_acceptance_length": mean_acceptance_length(accepted, drafts),
+                # Drafts allowed per decode step (the controller's k; 0 while it kept speculation off).
+                "mean_k": sum(o.sum_k for o in finals if o) / decisions if decisions else 0.0,
             },
         }
 

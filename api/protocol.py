@@ -18,6 +18,7 @@ class _Base(BaseModel):
 class SpeculativeOptions(_Base):
     enabled: bool = True
     num_speculative_tokens: int | None = Field(None, ge=0, le=MAX_NUM_SPECULATIVE_TOKENS)
+    policy: Literal["adaptive", "static"] | None = None  # None: the server's --speculative-policy
 
 
 class StreamOptions(_Base):
@@ -90,6 +91,7 @@ class SamplingFields(_Base):
             n=self.n,
             speculative_enabled=spec.enabled,
             num_speculative_tokens=spec.num_speculative_tokens,
+            speculative_policy=spec.policy,
         )
 
 

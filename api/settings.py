@@ -104,6 +104,7 @@ def engine_config_from(settings: BaseSettings) -> EngineConfig:
         model=target,
         draft=draft,
         speculative_method=s.speculative_method,
+        speculative_policy=s.speculative_policy,
         num_speculative_tokens=s.max_num_steps,
         ngram_min=s.ngram_min,
         ngram_max=s.ngram_max,

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from .config import QUANTIZED_ENCODINGS, EngineConfig, ModelSpec
+from .hybrid_proposer import HybridProposer
 from .memory import (
     device_memory,
     estimate_activation_bytes,
@@ -174,8 +175,8 @@ def _profile_activation_bytes(
 
 
 def build_proposer(config: EngineConfig, target: CausalDecoder, tokenizer: Tokenizer) -> Proposer | None:
-    method = config.resolved_method()
-    if method == "none" or config.num_speculative_tokens == 0:
+    methods = config.resolved_methods()
+    if methods == ["none"] or config.num_speculative_tokens == 0:
         return None
     ctx = ProposerContext(
         config=config,
@@ -187,4 +188,5 @@ def build_proposer(config: EngineConfig, target: CausalDecoder, tokenizer: Token
         cache_dir=Path(config.cache_dir) if config.cache_dir else None,
         extra={"tokenizer": tokenizer},
     )
-    return load_proposer(method, ctx)
+    proposers = [load_proposer(m, ctx) for m in methods]
+    return proposers[0] if len(proposers) == 1 else HybridProposer(ctx, proposers)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling_params import MAX_NUM_SPECULATIVE_TOKENS
+from .sampling_params import MAX_NUM_SPECULATIVE_TOKENS, SPECULATIVE_POLICIES
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -21,6 +21,10 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 5
 # verification window of k + 1 <= 4 rows costs ~1.9x one row, 5-8 rows ~3.6x (Qwen 1.5B layer shapes,
 # this 2-core Xeon). So a quantized target verifies k = 3 drafts in one tile by default.
 QUANTIZED_TARGET_NUM_SPECULATIVE_TOKENS = 3
+# Under the adaptive policy K is only a cap: the controller drafts fewer where it does not pay, so the
+# cap is higher (8, or 7 for a quantized target: two 4-row tiles).
+ADAPTIVE_NUM_SPECULATIVE_TOKENS = 8
+ADAPTIVE_QUANTIZED_NUM_SPECULATIVE_TOKENS = 7
 _CUDA_NAMES = ("gpu", "cuda")  # MAX spells it gpu; torch spells it cuda
 
 
@@ -48,6 +52,18 @@ def check_device_available(device: torch.device) -> None:
         raise ValueError(f"{what} on this machine; available: {', '.join(available_devices())}")
 
 
+def parse_method_list(value: str) -> list[str]:
+    """--speculative-method as a list: "ngram", "ngram,draft_model"; auto and none stand alone."""
+    names = [n.strip() for n in value.split(",")]
+    if not value.strip() or any(not n for n in names):
+        raise ValueError(f"--speculative-method {value!r}: an empty name in the list")
+    if len(set(names)) != len(names):
+        raise ValueError(f"--speculative-method {value!r}: a proposer is named twice")
+    if len(names) > 1 and ({"auto", "none"} & set(names)):
+        raise ValueError(f"--speculative-method {value!r}: auto and none cannot be part of a list")
+    return names
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Where one model comes from and how it runs (the target or the draft)."""
@@ -72,8 +88,11 @@ class ModelSpec:
 class EngineConfig:
     model: ModelSpec = ModelSpec()
     draft: ModelSpec | None = None
-    speculative_method: str = "auto"  # auto|none|ngram|draft_model|medusa|<plugin>|pkg.mod:Class
-    num_speculative_tokens: int | None = None  # None: 5, or 3 for an int8/int4 target (see above)
+    # auto|none|ngram|draft_model|medusa|<plugin>|pkg.mod:Class, or a comma list (hybrid: cheapest first)
+    speculative_method: str = "auto"
+    # None: 8 (7 for an int8/int4 target) under the adaptive policy; 5 (3) under the static one.
+    num_speculative_tokens: int | None = None
+    speculative_policy: str = "adaptive"  # adaptive|static (engine/spec_controller.py)
     ngram_min: int = 1
     ngram_max: int = 4
     medusa_heads_path: str | None = None
@@ -97,23 +116,39 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.num_speculative_tokens is None:
             quantized = self.model.quantization_encoding in QUANTIZED_ENCODINGS
-            k = QUANTIZED_TARGET_NUM_SPECULATIVE_TOKENS if quantized else DEFAULT_NUM_SPECULATIVE_TOKENS
+            if self.speculative_policy == "adaptive":
+                k = (
+                    ADAPTIVE_QUANTIZED_NUM_SPECULATIVE_TOKENS
+                    if quantized
+                    else ADAPTIVE_NUM_SPECULATIVE_TOKENS
+                )
+            else:
+                k = QUANTIZED_TARGET_NUM_SPECULATIVE_TOKENS if quantized else DEFAULT_NUM_SPECULATIVE_TOKENS
             object.__setattr__(self, "num_speculative_tokens", k)  # frozen: resolved once, here
 
-    def resolved_method(self) -> str:
-        if self.speculative_method == "auto":
+    def resolved_methods(self) -> list[str]:
+        """The proposers to build, cheapest first (more than one: a hybrid); [] or ["none"]: none.
+
+        auto: ngram,draft_model with a draft model (lookup is free, the draft serves the rest),
+        medusa with Medusa heads, else ngram."""
+        if self.speculative_method.strip() == "auto":
             if self.draft is not None and self.draft.model_path is not None:
-                return "draft_model"
+                return ["ngram", "draft_model"]
             if self.medusa_heads_path:
-                return "medusa"
-            return "ngram"
-        return self.speculative_method
+                return ["medusa"]
+            return ["ngram"]
+        return parse_method_list(self.speculative_method)
 
     def validate(self) -> None:
         if not 0 < self.device_memory_utilization <= 1:
             raise ValueError("--device-memory-utilization must be in (0, 1]")
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
             raise ValueError("--kv-cache-page-size must be a power of two up to 128")
+        if self.speculative_policy not in SPECULATIVE_POLICIES:
+            raise ValueError(
+                f"--speculative-policy must be one of {', '.join(SPECULATIVE_POLICIES)}, not {self.speculative_policy!r}"
+            )
+        parse_method_list(self.speculative_method)  # raises on a malformed list
         k = self.num_speculative_tokens
         if k is None or not 0 <= k <= MAX_NUM_SPECULATIVE_TOKENS:
             raise ValueError(f"--max-num-steps must be in [0, {MAX_NUM_SPECULATIVE_TOKENS}]")

@@ -15,6 +15,7 @@ import torch
 
 from .builder import build_proposer, load_model, plan_kv_cache
 from .config import EngineConfig
+from .cost_profile import profile_forward_cost
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache_manager import KVCacheManager
 from .outputs import RequestOutput, TokenLogprob
@@ -25,7 +26,8 @@ from .request import FinishReason, Request
 from .runner import forward_sequences, padded_num_slots
 from .sampler import compute_logprobs
 from .sampling_params import InvalidParameterError, SamplingParams
-from .scheduler import ScheduledRequest, Scheduler, SchedulerConfig
+from .scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput
+from .spec_controller import SpeculationController, StepCostModel
 from .stats import EngineSnapshot, EngineStats, RequestTiming
 from .step_batch import Draft, RequestState, VerificationWindow, WindowBatch
 from .tokenizer import Tokenizer
@@ -70,6 +72,7 @@ class EngineCore:
             cache_salt=repr((config.model, config.draft)),
         )
         assert config.num_speculative_tokens is not None  # resolved in EngineConfig.__post_init__
+        self.controller = self._build_controller(config.num_speculative_tokens)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_batch_size=config.max_batch_size,
@@ -78,8 +81,10 @@ class EngineCore:
                 max_length=self.max_length,
                 num_speculative_tokens=config.num_speculative_tokens if self.proposer else 0,
                 speculative_disable_batch_size=config.speculative_disable_batch_size,
+                speculative_policy=config.speculative_policy,
             ),
             self.kv_manager,
+            self.controller,
         )
         self.stats = EngineStats()
         self.proposer_name = self.proposer.name if self.proposer else "none"
@@ -88,6 +93,19 @@ class EngineCore:
         self._states: dict[str, RequestState] = {}  # every request added and not yet finished
         self._seed_source = torch.Generator().manual_seed(config.seed)
         self._pending_outputs: list[RequestOutput] = []
+
+    def _build_controller(self, k_max: int) -> SpeculationController | None:
+        """The adaptive policy's controller, its cost curve profiled now (per-request policies can ask
+        for adaptive on a static server too, so it exists whenever there is a proposer)."""
+        if self.proposer is None or k_max == 0:
+            return None
+        max_rows = min(self.max_num_batched_tokens, self.config.max_batch_size * (k_max + 1))
+        curve = profile_forward_cost(
+            self.model, self.kv_cache, self.config.block_size, self.num_blocks, self.device, max_rows
+        )
+        target_bytes = max(1, sum(p.numel() * p.element_size() for p in self.model.parameters()))
+        ratio = self.proposer.weight_bytes() / target_bytes
+        return SpeculationController(k_max, StepCostModel(curve, draft_cost_ratio=ratio))
 
     # --- requests ------------------------------------------------------------------------------
     def make_request(
@@ -159,6 +177,7 @@ class EngineCore:
     def step(self) -> list[RequestOutput]:
         self._drain_inbox()
         outputs, self._pending_outputs = self._pending_outputs, []
+        step_start = time.perf_counter()
         sched = self.scheduler.schedule()
         self._on_preempted(sched.preempted)
         if sched.is_empty:
@@ -167,16 +186,71 @@ class EngineCore:
         for s in sched.scheduled:
             if s.request.first_scheduled_time is None:
                 s.request.first_scheduled_time = now
-        batch = WindowBatch.build(sched.scheduled, self._states, self._propose(sched.scheduled))
+        self._record_k(sched.scheduled)
+        draft_start = time.perf_counter()
+        drafts = self._propose(sched.scheduled)
+        draft_seconds = time.perf_counter() - draft_start
+        batch = WindowBatch.build(sched.scheduled, self._states, drafts)
         try:
+            forward_start = time.perf_counter()
             logits, hidden = self._forward(batch)
+            forward_seconds = time.perf_counter() - forward_start
         except Exception as exc:  # a fault in the batch forward: fail those requests, keep serving
             logger.exception("model forward failed; failing %d requests", len(sched.scheduled))
             for s in sched.scheduled:
                 outputs.append(self._fail(s.request, str(exc)))
             return outputs
         emitted = self._verify(batch, logits)
-        return outputs + self._commit(batch, emitted, logits, hidden)
+        outputs += self._commit(batch, emitted, logits, hidden)
+        step_seconds = time.perf_counter() - step_start
+        self._observe_step(sched, batch, emitted, draft_seconds, forward_seconds, step_seconds)
+        return outputs
+
+    def _observe_step(
+        self,
+        sched: SchedulerOutput,
+        batch: WindowBatch,
+        emitted: list[list[int] | None],
+        draft_seconds: float,
+        forward_seconds: float,
+        step_seconds: float,
+    ) -> None:
+        """Feed the controller what this step cost, and record its choice against what happened."""
+        if self.controller is None:
+            return
+        cost = self.controller.cost
+        num_seqs, num_tokens = len(batch.sequences), sum(len(q.token_ids) for q in batch.sequences)
+        predicted = cost.target_seconds(num_seqs, num_tokens)  # before this step teaches the model
+        self.stats.events.forward_costs.append((num_seqs, num_tokens, predicted, forward_seconds))
+        cost.observe_target(num_seqs, num_tokens, forward_seconds)
+        drafted = [s.num_speculative_tokens for s in sched.scheduled if s.num_speculative_tokens > 0]
+        if drafted:
+            cost.observe_draft(len(drafted), max(drafted), draft_seconds)
+        cost.observe_overhead(step_seconds - forward_seconds - draft_seconds)
+        decision = sched.speculation
+        if decision is None:
+            return
+        k = decision.k
+        spec = self.stats.spec
+        spec.controller_steps += 1
+        spec.predicted_tokens += decision.predicted_tokens
+        spec.predicted_step_seconds += decision.predicted_seconds
+        spec.measured_step_seconds += step_seconds
+        spec.measured_tokens += sum(
+            len(e)
+            for w, e in zip(batch.windows, emitted, strict=True)
+            if e is not None and w.state.request.request_id in k
+        )
+
+    def _record_k(self, scheduled: list[ScheduledRequest]) -> None:
+        """The k each decoding request got this step (per request for usage, per step for the histogram)."""
+        if self.proposer is None:
+            return
+        for s in scheduled:
+            if s.request.in_decode:
+                s.request.spec.record_k(s.num_speculative_tokens)
+                self.stats.spec.record_k(s.num_speculative_tokens)
+                self.stats.events.chosen_k.append(s.num_speculative_tokens)
 
     def _on_preempted(self, preempted: list[Request]) -> None:
         self.stats.num_preemptions += len(preempted)
@@ -307,6 +381,8 @@ class EngineCore:
     ) -> RequestOutput:
         state, req = w.state, w.state.request
         num_drafts, num_accepted = len(w.draft.token_ids), len(emitted) - 1
+        if self.controller is not None:
+            self.controller.observe_verification(req.request_id, num_drafts, num_accepted)
         if num_drafts:
             req.spec.record(num_drafts, num_accepted)
             self.stats.spec.record(num_drafts, num_accepted)
@@ -361,6 +437,8 @@ class EngineCore:
         self.scheduler.finish(req, reason)
         if self.proposer is not None:
             self.proposer.on_finished(req)
+        if self.controller is not None:
+            self.controller.forget(req.request_id)
         self.stats.request_success[reason.value] += 1
         self.stats.prompt_tokens += len(req.prompt_token_ids)
         state = self._states.get(req.request_id)
@@ -403,6 +481,8 @@ class EngineCore:
             num_draft_tokens=req.spec.num_draft_tokens,
             num_accepted_tokens=req.spec.num_accepted_tokens,
             accepted_per_position=list(req.spec.accepted_per_position),
+            num_k_decisions=req.spec.num_k_decisions,
+            sum_k=req.spec.sum_k,
             error=error,
         )
 

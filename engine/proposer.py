@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -87,10 +87,10 @@ class ProposerContext:
 class Proposer:
     """Base class of every proposer. Subclasses set `name` and implement `propose`."""
 
-    name: ClassVar[str] = "unnamed"
+    name: str = "unnamed"
     # True: the engine keeps the target's last hidden state per request and passes it in
     # ProposalRequest.last_hidden (heads that read the target's features: Medusa, EAGLE).
-    needs_hidden_states: ClassVar[bool] = False
+    needs_hidden_states: bool = False
 
     def __init__(self, ctx: ProposerContext) -> None:
         self.ctx = ctx

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 # The most draft tokens one verification may carry (k). One name in the code, `num_speculative_tokens`;
 # the CLI spells it --max-num-steps (MAX's flag) or --num-speculative-tokens.
 MAX_NUM_SPECULATIVE_TOKENS = 32
+SPECULATIVE_POLICIES = ("adaptive", "static")
 
 
 class InvalidParameterError(ValueError):
@@ -38,6 +39,8 @@ class SamplingParams:
     # Per-request speculation control (our API extension): None means "engine default".
     speculative_enabled: bool = True
     num_speculative_tokens: int | None = None
+    # "adaptive" | "static" | None (the engine's --speculative-policy). Static drafts the cap every step.
+    speculative_policy: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -94,6 +97,11 @@ class SamplingParams:
             or 0 <= self.num_speculative_tokens <= MAX_NUM_SPECULATIVE_TOKENS,
             "num_speculative_tokens",
             f"num_speculative_tokens must be in [0, {MAX_NUM_SPECULATIVE_TOKENS}]",
+        )
+        check(
+            self.speculative_policy in (None, *SPECULATIVE_POLICIES),
+            "speculative_policy",
+            f"speculative policy must be one of {', '.join(SPECULATIVE_POLICIES)}",
         )
         check(
             self.seed is None or (isinstance(self.seed, int) and -(2**63) <= self.seed < 2**64),

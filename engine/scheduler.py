@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from .kv_cache_manager import KVCacheManager
 from .request import FinishReason, Request, RequestStatus
+from .spec_controller import Candidate, Decision, SpeculationController
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,9 @@ class SchedulerConfig:
     # Stop proposing while this many requests run: a big batch is compute-bound, so verifying rejected
     # drafts costs more than it saves (vLLM's speculative_disable_by_batch_size). None = never.
     speculative_disable_batch_size: int | None = None
+    # adaptive: a SpeculationController picks k per request per step; static: every request gets its
+    # cap. A request's own `speculative_policy` overrides this default.
+    speculative_policy: str = "static"
 
 
 @dataclass
@@ -39,6 +43,7 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    speculation: Decision | None = None  # the controller's choice and prediction (adaptive policy)
 
     @property
     def is_empty(self) -> bool:
@@ -46,9 +51,12 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
+    def __init__(
+        self, config: SchedulerConfig, kv: KVCacheManager, controller: SpeculationController | None = None
+    ):
         self.config = config
         self.kv = kv
+        self.controller = controller
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -83,10 +91,28 @@ class Scheduler:
         # The window emits up to k + 1 tokens: never propose past max_tokens or the max length.
         return max(0, min(k, request.max_new_tokens_left(self.config.max_length) - 1))
 
+    def _is_static(self, request: Request) -> bool:
+        return (request.params.speculative_policy or self.config.speculative_policy) == "static"
+
+    def _speculation_plan(self, out: SchedulerOutput) -> dict[str, int]:
+        """k per running request in decode: its cap, or the controller's choice for adaptive ones."""
+        running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+        caps = {r.request_id: self.num_speculative_tokens_for(r) for r in running if r.in_decode}
+        if self.controller is None or not any(caps.values()):
+            return caps
+        budget = self.config.max_num_batched_tokens
+        base = min(budget, sum(r.num_tokens - r.num_computed_tokens for r in running))
+        candidates = [
+            Candidate(r.request_id, caps[r.request_id], self._is_static(r)) for r in running if r.in_decode
+        ]
+        out.speculation = self.controller.choose(candidates, len(running), base, budget - base)
+        return out.speculation.k
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         scheduled_ids: set[str] = set()
+        plan = self._speculation_plan(out)
 
         for request in list(self.running):
             if request.status != RequestStatus.RUNNING or budget <= 0:
@@ -96,7 +122,7 @@ class Scheduler:
                 num_new = min(num_new, budget)
             elif num_new > budget:
                 continue
-            k = min(self.num_speculative_tokens_for(request), budget - num_new) if num_new == 1 else 0
+            k = min(plan.get(request.request_id, 0), budget - num_new) if num_new == 1 else 0
             while not self.kv.allocate_slots(request, num_new, k):
                 if k and self.kv.allocate_slots(request, num_new, 0):
                     k = 0

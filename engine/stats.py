@@ -36,6 +36,24 @@ class SpecDecodingStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     proposer_errors: int = 0
+    # k the scheduler gave decoding requests (0 included): how much the controller let them draft.
+    num_k_decisions: int = 0
+    sum_k: int = 0
+    # The adaptive controller's predictions against what happened, summed over the steps it decided.
+    controller_steps: int = 0
+    predicted_tokens: float = 0.0
+    measured_tokens: int = 0
+    predicted_step_seconds: float = 0.0
+    measured_step_seconds: float = 0.0
+
+    def record_k(self, k: int) -> None:
+        self.num_k_decisions += 1
+        self.sum_k += k
+
+    @property
+    def mean_k(self) -> float:
+        """Mean drafts allowed per decoding step (0 when it never decoded with a proposer)."""
+        return self.sum_k / self.num_k_decisions if self.num_k_decisions else 0.0
 
     def record(self, num_draft: int, num_accepted: int) -> None:
         if num_draft == 0:
@@ -69,6 +87,9 @@ class StepEvents:
     """
 
     acceptance_lengths: list[int] = field(default_factory=list)  # 1 + accepted, per verification
+    chosen_k: list[int] = field(default_factory=list)  # k per decoding request per step
+    # (sequences, tokens, predicted s, measured s) of each target forward the cost model saw
+    forward_costs: list[tuple[int, int, float, float]] = field(default_factory=list)
     finished: list[RequestTiming] = field(default_factory=list)
 
 

@@ -121,6 +121,8 @@ def make_llm(model_dir: Path, **kwargs):
     kwargs.setdefault("quantization_encoding", "float32")
     kwargs.setdefault("max_kv_cache_tokens", 4096)
     kwargs.setdefault("speculative_method", "none")
+    # Tests of speculation pin the policy they test; the static one drafts every step (deterministic).
+    kwargs.setdefault("speculative_policy", "static")
     # Quantized loads cache packed layers: keep them beside the tiny model, not in ~/.cache.
     kwargs.setdefault("cache_dir", str(Path(model_dir).parent / f"{Path(model_dir).name}-cache"))
     return LLM(str(model_dir), **kwargs)
@@ -137,3 +139,31 @@ def mixed_prompts(n: int = 16, seed: int = 0) -> list[list[int]]:
         base = [rng.randrange(3, 300) for _ in range(max(2, length // 3))]
         prompts.append((base * 4)[:length] if i % 2 else [rng.randrange(3, 300) for _ in range(length)])
     return prompts
+
+
+def sloped_step_cost(slope: float = 0.1):
+    """A cost model that ignores measurements: a forward costs 1 + slope x tokens, drafting is free.
+
+    With it the adaptive controller's choices depend on acceptance alone (and not on this machine's
+    timing), and they differ between requests and steps, which is what the lossless tests need."""
+    from specserve.engine.spec_controller import StepCostModel
+
+    class SlopedStepCost(StepCostModel):
+        def observe_target(self, num_sequences: int, num_tokens: int, seconds: float) -> None:
+            pass
+
+        def observe_draft(self, num_requests: int, num_steps: int, seconds: float) -> None:
+            pass
+
+        def observe_overhead(self, seconds: float) -> None:
+            pass
+
+    return SlopedStepCost([(1, 1.0), (1024, 1.0 + slope * 1023)], draft_cost_ratio=0.0)
+
+
+def make_adaptive_llm(model_dir: Path, slope: float = 0.1, **kwargs):
+    """make_llm with the adaptive policy deciding on `sloped_step_cost` (deterministic k choices)."""
+    llm = make_llm(model_dir, speculative_policy="adaptive", **kwargs)
+    assert llm.engine.controller is not None, "no proposer, so no controller"
+    llm.engine.controller.cost = sloped_step_cost(slope)
+    return llm

@@ -7,6 +7,8 @@ import asyncio
 import openai
 import pytest
 
+from specserve.engine.sampling_params import MAX_NUM_SPECULATIVE_TOKENS
+
 
 @pytest.fixture
 def client(server):
@@ -113,7 +115,7 @@ def test_speculative_extension(client):
         prompt=prompt,
         max_tokens=16,
         temperature=0,
-        extra_body={"ignore_eos": True, "speculative": {"num_speculative_tokens": 3}},
+        extra_body={"ignore_eos": True, "speculative": {"num_speculative_tokens": 3, "policy": "static"}},
     )
     off = client.completions.create(
         model="tiny",
@@ -128,7 +130,22 @@ def test_speculative_extension(client):
     assert spec_on["num_draft_tokens"] > 0
     assert 0 <= spec_on["acceptance_rate"] <= 1
     assert spec_on["mean_acceptance_length"] >= 1
+    assert 2 <= spec_on["mean_k"] <= 3  # static: the cap, less only where few tokens are left
     assert spec_off["num_draft_tokens"] == 0
+    assert spec_off["mean_k"] == 0
+    adaptive = client.completions.create(
+        model="tiny",
+        prompt=prompt,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"ignore_eos": True, "speculative": {"policy": "adaptive"}},
+    )
+    assert adaptive.choices[0].text == off.choices[0].text
+    assert 0 <= adaptive.usage.model_extra["speculative"]["mean_k"] <= MAX_NUM_SPECULATIVE_TOKENS
+    with pytest.raises(openai.BadRequestError, match="policy"):
+        client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=4, extra_body={"speculative": {"policy": "greedy"}}
+        )
 
 
 async def test_async_client_concurrent(server):

@@ -150,10 +150,15 @@ def test_int4_draft_keeps_float32_target_output(tiny_llama_dir, tiny_draft_dir):
 def test_quantized_target_verifies_one_kernel_tile_by_default():
     from specserve.engine.config import EngineConfig, ModelSpec
 
-    def k(encoding: str, explicit: int | None = None) -> int | None:
+    def k(encoding: str, explicit: int | None = None, policy: str = "static") -> int | None:
         spec = ModelSpec(quantization_encoding=encoding)
-        return EngineConfig(model=spec, num_speculative_tokens=explicit).num_speculative_tokens
+        config = EngineConfig(model=spec, num_speculative_tokens=explicit, speculative_policy=policy)
+        return config.num_speculative_tokens
 
     assert k("bfloat16") == k("float32") == 5
     assert k("int4") == k("int8") == 3  # k + 1 = 4 rows: one tile of the int4/int8 CPU kernels
     assert k("int4", explicit=5) == 5 and k("bfloat16", explicit=0) == 0
+    # Adaptive (the default): K is a cap the controller drafts up to; two int4 tiles at most.
+    assert k("bfloat16", policy="adaptive") == 8
+    assert k("int4", policy="adaptive") == 7
+    assert EngineConfig().num_speculative_tokens == 8

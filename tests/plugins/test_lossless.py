@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import build_tiny_model, make_llm, mixed_prompts
+from tiny_models import build_tiny_model, make_adaptive_llm, make_llm, mixed_prompts
 
 from specserve.engine import SamplingParams
 from specserve.engine.proposer import ProposerError
@@ -24,11 +24,11 @@ def plain(tiny_llama_dir, prompts):
     return [o.token_ids for o in llm.generate(prompts, GREEDY, use_chat_template=False)]
 
 
-def _method_kwargs(method, request):
+def _method_kwargs(method, request, draft="tiny_draft_dir"):
     if method == "draft_model":
         return {
             "speculative_method": "draft_model",
-            "draft_model_path": str(request.getfixturevalue("tiny_draft_dir")),
+            "draft_model_path": str(request.getfixturevalue(draft)),
         }
     if method == "medusa":
         return {
@@ -39,10 +39,29 @@ def _method_kwargs(method, request):
         return {"speculative_method": request.getfixturevalue("toy_plugin_entry_point")}
     if method == "bigram":
         return {"speculative_method": request.getfixturevalue("example_plugin_entry_point")}
+    if method == "ngram,draft_model":
+        return {
+            "speculative_method": method,
+            "draft_model_path": str(request.getfixturevalue(draft)),
+        }
     return {"speculative_method": method}
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model", "medusa", "toy", "bigram"])
+def _build(policy, model_dir, slope=0.1, **kwargs):
+    """static: the proposer drafts k every step; adaptive: the controller picks k per request per step
+    (on a fixed cost slope: a batch of 64 needs a flatter one than 16 for drafting to pay)."""
+    if policy == "adaptive":
+        return make_adaptive_llm(model_dir, slope=slope, **kwargs)
+    return make_llm(model_dir, **kwargs)
+
+
+def _check_k_varied(llm, policy):
+    if policy == "adaptive":  # the point of the adaptive arm: k differed between requests/steps
+        assert len(set(llm.engine.stats.events.chosen_k)) >= 2
+
+
+@pytest.mark.parametrize("policy", ["static", "adaptive"])
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "medusa", "toy", "bigram", "ngram,draft_model"])
 @pytest.mark.parametrize(
     "engine_kwargs",
     [
@@ -53,9 +72,11 @@ def _method_kwargs(method, request):
     ],
     ids=["chunked", "unchunked", "preempting", "prefix-cached"],
 )
-def test_greedy_speculation_equals_plain(tiny_llama_dir, prompts, plain, method, engine_kwargs, request):
-    llm = make_llm(
-        tiny_llama_dir, num_speculative_tokens=4, **engine_kwargs, **_method_kwargs(method, request)
+def test_greedy_speculation_equals_plain(
+    tiny_llama_dir, prompts, plain, method, engine_kwargs, policy, request
+):
+    llm = _build(
+        policy, tiny_llama_dir, num_speculative_tokens=4, **engine_kwargs, **_method_kwargs(method, request)
     )
     outs = llm.generate(prompts, GREEDY, use_chat_template=False)
     assert [o.token_ids for o in outs] == plain
@@ -69,6 +90,7 @@ def test_greedy_speculation_equals_plain(tiny_llama_dir, prompts, plain, method,
     if "max_kv_cache_tokens" in engine_kwargs:
         assert llm.engine.stats.num_preemptions > 0
     assert llm.engine.kv_manager.num_free_blocks == llm.engine.num_blocks
+    _check_k_varied(llm, policy)
 
 
 def test_target_as_its_own_draft_accepts_everything(tiny_llama_dir, prompts, plain):
@@ -104,16 +126,31 @@ def _chi_square_p_value(a: list[tuple], b: list[tuple]) -> float:
     return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat / 2))
 
 
-@pytest.mark.parametrize("method", ["draft_model", "ngram", "bigram"])
-def test_sampled_sequences_follow_target_distribution(tiny_llama_dir, tiny_draft_dir, method, request):
+@pytest.mark.parametrize(
+    ("method", "policy"),
+    [
+        ("draft_model", "static"),
+        ("ngram", "static"),
+        ("bigram", "static"),
+        ("draft_model", "adaptive"),
+        ("ngram", "adaptive"),
+        ("ngram,draft_model", "adaptive"),
+    ],
+)
+def test_sampled_sequences_follow_target_distribution(
+    tiny_llama_dir, tiny_draft_dir, method, policy, request
+):
     prompt = [11, 12, 13, 11, 12, 13, 11, 12]
     n = 1500
     params = [
         SamplingParams(max_tokens=5, temperature=1.0, top_k=3, seed=i, ignore_eos=True) for i in range(n)
     ]
     base = make_llm(tiny_llama_dir, max_batch_size=64)
-    kwargs = {**_method_kwargs(method, request), "num_speculative_tokens": 3, "max_batch_size": 64}
-    spec = make_llm(tiny_llama_dir, **kwargs)
+    # The adaptive controller rightly stops drafting with tiny_draft_dir here (it is accepted ~5% of
+    # the time, never at the first position): give it a draft it keeps using.
+    draft = "tiny_close_draft_dir" if policy == "adaptive" else "tiny_draft_dir"
+    kwargs = {**_method_kwargs(method, request, draft), "num_speculative_tokens": 3, "max_batch_size": 64}
+    spec = _build(policy, tiny_llama_dir, slope=0.01, **kwargs)
     a = [tuple(o.token_ids) for o in base.generate([prompt] * n, params, use_chat_template=False)]
     # Different seeds for the speculative run: independent samples, not the same random stream.
     params_b = [
@@ -122,6 +159,7 @@ def test_sampled_sequences_follow_target_distribution(tiny_llama_dir, tiny_draft
     b = [tuple(o.token_ids) for o in spec.generate([prompt] * n, params_b, use_chat_template=False)]
     assert spec.engine.stats.spec.num_draft_tokens > 0
     assert 0 < spec.engine.stats.spec.acceptance_rate < 1  # real rejections happened
+    _check_k_varied(spec, policy)
     # First tokens: a sharper check on a small space; whole 5-token sequences: the joint law.
     assert _chi_square_p_value([s[:1] for s in a], [s[:1] for s in b]) > 0.001
     assert _chi_square_p_value([s[:2] for s in a], [s[:2] for s in b]) > 0.001

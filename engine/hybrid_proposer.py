@@ -1,0 +1,126 @@
+"""Several proposers behind one: per request per step, the one expected to get the most accepted.
+
+`--speculative-method ngram,draft_model` builds each named proposer and this wrapper. Proposers are
+listed cheapest first. Each step every proposer but the last is asked first (n-gram lookup is free);
+a request takes the first proposal whose expected accepted length (its own recent acceptance with that
+proposer, times the drafts it got) is at least what the next proposer is expected to give; the rest go
+on down the list, so the draft model only runs for requests the cheap proposers could not serve well.
+
+Each proposer's drafts keep their own distribution (one-hot for n-gram, q for a draft model), so the
+verification stays exact whichever proposer a request's drafts came from. Every lifecycle hook goes
+to every proposer: a draft model that skipped a request for a few steps catches up from its own
+cached length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .proposer import ProposalRequest, Proposals, Proposer, ProposerContext
+from .request import Request
+
+INITIAL_ACCEPTANCE = 0.5  # a proposer's acceptance rate before a request has tried it
+ACCEPTANCE_ALPHA = 0.3  # weight of the newest verification in a request's per-proposer rate
+# Per step a proposer is not used for a request, its rate there drifts this far back to the
+# proposer's global rate, so a proposer that failed once is tried again when content changes.
+RECOVERY = 0.05
+
+
+def expected_accepted(rate: float, num_drafts: int) -> float:
+    """Expected accepted drafts out of num_drafts when each is accepted with `rate` given the ones before."""
+    return sum(rate**m for m in range(1, num_drafts + 1))
+
+
+@dataclass
+class _RequestChoice:
+    proposer: int = -1  # index of the proposer whose drafts the request got this step, -1: none
+    num_drafts: int = 0
+    rates: dict[int, float] = field(default_factory=dict)  # proposer index -> acceptance rate
+
+
+class HybridProposer(Proposer):
+    def __init__(self, ctx: ProposerContext, proposers: list[Proposer]):
+        if len(proposers) < 2:
+            raise ValueError("a hybrid proposer needs at least two proposers")
+        super().__init__(ctx)
+        self.proposers = proposers
+        self.name = ",".join(p.name for p in proposers)
+        self.needs_hidden_states = any(p.needs_hidden_states for p in proposers)
+        self._global = [INITIAL_ACCEPTANCE] * len(proposers)
+        self._requests: dict[str, _RequestChoice] = {}
+        self.num_drafts_by_proposer = [0] * len(proposers)  # verifications each proposer served
+
+    def _rate(self, choice: _RequestChoice, index: int) -> float:
+        return choice.rates.get(index, self._global[index])
+
+    def propose(self, batch: list[ProposalRequest]) -> Proposals:
+        token_ids: list[list[int]] = [[] for _ in batch]
+        probs: list[torch.Tensor | None] = [None] * len(batch)
+        pending = list(range(len(batch)))
+        for index, proposer in enumerate(self.proposers):
+            if not pending:
+                break
+            last = index == len(self.proposers) - 1
+            sub = [batch[i] for i in pending]
+            for i in pending:  # give a stale rate its drift back towards the proposer's global rate
+                choice = self._requests.setdefault(batch[i].request.request_id, _RequestChoice())
+                if index in choice.rates and choice.proposer != index:
+                    choice.rates[index] += RECOVERY * (self._global[index] - choice.rates[index])
+            result = proposer.propose(sub)
+            still: list[int] = []
+            for row, i in enumerate(pending):
+                item = batch[i]
+                choice = self._requests[item.request.request_id]
+                drafts = list(result.token_ids[row]) if row < len(result.token_ids) else []
+                if not drafts:
+                    still.append(i)
+                    continue
+                if not last:
+                    here = expected_accepted(self._rate(choice, index), len(drafts))
+                    nxt = expected_accepted(self._rate(choice, index + 1), item.num_speculative_tokens)
+                    if here < nxt:
+                        still.append(i)
+                        continue
+                token_ids[i] = drafts
+                probs[i] = result.probs[row] if result.probs else None
+                choice.proposer, choice.num_drafts = index, len(drafts)
+                self.num_drafts_by_proposer[index] += 1
+            pending = still
+        for i in pending:
+            self._requests[batch[i].request.request_id].proposer = -1
+        return Proposals(token_ids=token_ids, probs=probs)
+
+    # --- memory: every proposer's KV shares the request's slots -----------------------------------
+    def kv_bytes_per_token(self) -> int:
+        return sum(p.kv_bytes_per_token() for p in self.proposers)
+
+    def weight_bytes(self) -> int:
+        return sum(p.weight_bytes() for p in self.proposers)
+
+    def bind_kv_cache(self, num_slots: int) -> None:
+        for p in self.proposers:
+            if p.kv_bytes_per_token() > 0:
+                p.bind_kv_cache(num_slots)
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+    def on_accepted(self, request: Request, num_accepted: int) -> None:
+        choice = self._requests.get(request.request_id)
+        if choice is not None and choice.proposer >= 0 and choice.num_drafts > 0:
+            index, rate = choice.proposer, num_accepted / choice.num_drafts
+            old = self._rate(choice, index)
+            choice.rates[index] = old + ACCEPTANCE_ALPHA * (rate - old)
+            self._global[index] += 0.05 * (rate - self._global[index])
+            choice.proposer, choice.num_drafts = -1, 0
+        for p in self.proposers:
+            p.on_accepted(request, num_accepted)
+
+    def on_preempted(self, request: Request) -> None:
+        for p in self.proposers:
+            p.on_preempted(request)
+
+    def on_finished(self, request: Request) -> None:
+        self._requests.pop(request.request_id, None)
+        for p in self.proposers:
+            p.on_finished(request)

@@ -1,0 +1,330 @@
+"""The speculation controller: every step, for every running request, how many tokens to draft.
+
+Pure Python (no torch): the scheduler calls it. Three parts, each replaceable on its own:
+
+- `AcceptanceModel`: per request and draft position j, the chance that draft j is accepted given that
+  drafts 0..j-1 were. Counts decay, so a change of content (a copy-heavy section starts) shows within
+  a few verifications; a new request starts from every request's recent statistics. The expected
+  tokens one verification emits with k drafts is 1 + sum_{m<=k} prod_{j<=m} a_j.
+- `StepCostModel`: what a step costs given what it holds. The target's cost over the number of
+  tokens it runs comes from a start-up profile (it has the hardware's shape: on this CPU a bf16
+  window of up to ~16 tokens costs about one token, int4 steps every 4 rows, a GPU is flat until
+  large batches), calibrated online per batch-size bucket from measured forwards (the machine's
+  speed drifts, and a batch of many short sequences is not one long one). The proposer's cost per
+  draft step is learned online per batch-size bucket, and a fixed per-step overhead too.
+- `SpeculationController.choose`: the k vector that maximises expected emitted tokens per second of
+  step time (goodput) under the token budget. k = 0 for a request, or the whole batch, when drafting
+  does not pay; a request that stopped drafting for low acceptance is probed with one draft now and
+  then (the interval doubles while probes fail), so a change of content switches it back on.
+
+Requests under the static policy get their cap (today's behaviour); the controller optimises the
+adaptive ones around them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+# Pseudo-observations the global estimate is worth inside a request's estimate.
+PRIOR_WEIGHT = 2.0
+# Per-observation decay of a request's counts (memory ~5 verifications) and the global counts (~200).
+REQUEST_DECAY = 0.8
+GLOBAL_DECAY = 0.995
+FIRST_PROBE_INTERVAL = 8  # decode steps without drafts before the first probe
+MAX_PROBE_INTERVAL = 128
+# Drafting must beat not drafting by this much: the cost model's error should not turn into a loss.
+MIN_GAIN = 1.02
+# Smoothing of the online cost measurements.
+CALIBRATION_ALPHA = 0.1
+DRAFT_ALPHA = 0.2
+OVERHEAD_ALPHA = 0.1
+
+
+def _bucket(n: int) -> int:
+    """Batch-size bucket: 1, 2-3, 4-7, 8-15, ... (cost per sequence changes slowly with n)."""
+    return max(n, 1).bit_length()
+
+
+# --- acceptance ------------------------------------------------------------------------------------
+@dataclass
+class _Counts:
+    hits: list[float]
+    trials: list[float]
+
+    @classmethod
+    def zeros(cls, n: int) -> _Counts:
+        return cls([0.0] * n, [0.0] * n)
+
+    def observe(self, num_drafts: int, num_accepted: int, decay: float) -> None:
+        """Drafts 0..num_accepted-1 were accepted; draft num_accepted (if proposed) was rejected;
+        later ones were never judged."""
+        for j in range(len(self.hits)):
+            self.hits[j] *= decay
+            self.trials[j] *= decay
+        for j in range(min(num_accepted + 1, num_drafts, len(self.hits))):
+            self.trials[j] += 1.0
+            if j < num_accepted:
+                self.hits[j] += 1.0
+
+
+class AcceptanceModel:
+    def __init__(self, k_max: int, initial_acceptance: float = 0.5):
+        self.k_max = k_max
+        self.initial = initial_acceptance
+        self._global = _Counts.zeros(k_max)
+        self._requests: dict[str, _Counts] = {}
+
+    def global_rates(self) -> list[float]:
+        """Every request's recent acceptance per position; an unseen position inherits the previous one."""
+        rates, previous = [], self.initial
+        for h, t in zip(self._global.hits, self._global.trials, strict=True):
+            previous = (h + previous) / (t + 1.0)  # one pseudo-observation of the position before
+            rates.append(previous)
+        return rates
+
+    def rates(self, request_id: str, prior: list[float] | None = None) -> list[float]:
+        """a_j for j in 0..k_max-1: this request's counts with the global rates (`prior`, computed
+        here when not given) as a prior."""
+        prior = prior if prior is not None else self.global_rates()
+        own = self._requests.get(request_id)
+        if own is None:
+            return prior
+        return [
+            (h + PRIOR_WEIGHT * g) / (t + PRIOR_WEIGHT)
+            for h, t, g in zip(own.hits, own.trials, prior, strict=True)
+        ]
+
+    def observe(self, request_id: str, num_drafts: int, num_accepted: int) -> None:
+        if num_drafts <= 0:
+            return
+        own = self._requests.setdefault(request_id, _Counts.zeros(self.k_max))
+        own.observe(num_drafts, num_accepted, REQUEST_DECAY)
+        self._global.observe(num_drafts, num_accepted, GLOBAL_DECAY)
+
+    def has_observations(self, request_id: str) -> bool:
+        return request_id in self._requests
+
+    def forget(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+
+def expected_tokens(rates: Sequence[float], k: int) -> float:
+    """Tokens one verification emits with k drafts: 1 + sum_{m<=k} prod_{j<=m} a_j."""
+    total, p = 1.0, 1.0
+    for a in rates[:k]:
+        p *= a
+        total += p
+    return total
+
+
+# --- cost ------------------------------------------------------------------------------------------
+class StepCostModel:
+    """Seconds per step = target(num_sequences, num_tokens) + draft(num_requests, num_steps) + overhead."""
+
+    def __init__(self, target_curve: Sequence[tuple[int, float]], draft_cost_ratio: float = 0.0):
+        """target_curve: (tokens in one forward, seconds), from a profile; draft_cost_ratio: the
+        proposer's cost per draft step as a fraction of the target's step at the same batch size
+        before any measurement (its weights over the target's: 0 for n-gram lookup)."""
+        points = sorted((max(1, int(n)), max(0.0, float(s))) for n, s in target_curve)
+        if not points:
+            raise ValueError("the target cost curve needs at least one point")
+        self._xs = [n for n, _ in points]
+        self._ys = [s for _, s in points]
+        self.draft_cost_ratio = draft_cost_ratio
+        self._calibration: dict[int, float] = {}  # batch bucket -> measured / curve
+        self._draft_step: dict[int, float] = {}  # batch bucket -> seconds per draft step
+        self.overhead_seconds = 0.0
+
+    def curve(self, num_tokens: int) -> float:
+        """The profiled forward cost, piecewise linear; flat below the first point, the last
+        segment's slope beyond the last."""
+        xs, ys = self._xs, self._ys
+        if num_tokens <= xs[0] or len(xs) == 1:
+            return ys[0] if num_tokens <= xs[0] else ys[0] * num_tokens / xs[0]
+        i = bisect.bisect_left(xs, num_tokens)
+        if i == len(xs):
+            slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+            return ys[-1] + slope * (num_tokens - xs[-1])
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (num_tokens - x0) / (x1 - x0)
+
+    def target_seconds(self, num_sequences: int, num_tokens: int) -> float:
+        return self.curve(num_tokens) * self._calibration.get(_bucket(num_sequences), 1.0)
+
+    def draft_seconds(self, num_requests: int, num_steps: int) -> float:
+        if num_requests <= 0 or num_steps <= 0:
+            return 0.0
+        per_step = self._draft_step.get(_bucket(num_requests))
+        if per_step is None:
+            per_step = self.draft_cost_ratio * self.target_seconds(num_requests, num_requests)
+        return num_steps * per_step
+
+    def step_seconds(
+        self, num_sequences: int, num_tokens: int, draft_requests: int, draft_steps: int
+    ) -> float:
+        return (
+            self.target_seconds(num_sequences, num_tokens)
+            + self.draft_seconds(draft_requests, draft_steps)
+            + self.overhead_seconds
+        )
+
+    # --- online measurements ---------------------------------------------------------------------
+    def observe_target(self, num_sequences: int, num_tokens: int, seconds: float) -> None:
+        base = self.curve(num_tokens)
+        if base <= 0 or seconds <= 0:
+            return
+        b = _bucket(num_sequences)
+        ratio = seconds / base
+        old = self._calibration.get(b)
+        self._calibration[b] = ratio if old is None else old + CALIBRATION_ALPHA * (ratio - old)
+
+    def observe_draft(self, num_requests: int, num_steps: int, seconds: float) -> None:
+        if num_requests <= 0 or num_steps <= 0 or seconds < 0:
+            return
+        b = _bucket(num_requests)
+        per_step = seconds / num_steps
+        old = self._draft_step.get(b)
+        self._draft_step[b] = per_step if old is None else old + DRAFT_ALPHA * (per_step - old)
+
+    def observe_overhead(self, seconds: float) -> None:
+        self.overhead_seconds += OVERHEAD_ALPHA * (max(0.0, seconds) - self.overhead_seconds)
+
+
+# --- the decision ----------------------------------------------------------------------------------
+@dataclass
+class Candidate:
+    """A running request in decode this step."""
+
+    request_id: str
+    cap: int  # most drafts it may get (request cap, config K_max, tokens left); 0 = none
+    static: bool = False  # static policy: gets its cap, not optimised
+
+
+@dataclass
+class Decision:
+    k: dict[str, int]  # request id -> drafts to propose (absent: 0)
+    predicted_tokens: float  # expected tokens the decode requests emit
+    predicted_seconds: float  # expected step time
+    probed: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _ProbeState:
+    steps_without_drafts: int = 0
+    interval: int = FIRST_PROBE_INTERVAL
+
+
+class SpeculationController:
+    def __init__(self, k_max: int, cost: StepCostModel, acceptance: AcceptanceModel | None = None):
+        self.k_max = k_max
+        self.cost = cost
+        self.acceptance = acceptance or AcceptanceModel(k_max)
+        self._probes: dict[str, _ProbeState] = {}
+
+    def choose(
+        self,
+        candidates: Sequence[Candidate],
+        num_sequences: int,
+        base_tokens: int,
+        token_budget: int,
+    ) -> Decision:
+        """k per candidate for a step that also runs `base_tokens` tokens over `num_sequences`
+        sequences (every decode request's last token and any prefill chunks), with at most
+        `token_budget` draft tokens in all."""
+        k = {c.request_id: 0 for c in candidates}
+        prior = self.acceptance.global_rates()
+        rates = {c.request_id: self.acceptance.rates(c.request_id, prior) for c in candidates}
+        budget = max(0, token_budget)
+        # Static requests first: their drafts are fixed, the adaptive ones are chosen around them.
+        tokens, gain, max_steps, drafting = 0, 0.0, 0, 0
+        for c in candidates:
+            if c.static and c.cap > 0:
+                n = min(c.cap, budget - tokens)
+                if n > 0:
+                    k[c.request_id] = n
+                    tokens += n
+                    gain += expected_tokens(rates[c.request_id], n) - 1.0
+                    max_steps, drafting = max(max_steps, n), drafting + 1
+        # Every adaptive draft slot, by its marginal expected tokens (non-increasing along a request,
+        # so any prefix of this order gives each request a prefix of its drafts).
+        slots: list[tuple[float, int, str]] = []
+        for c in candidates:
+            if not c.static and c.cap > 0:
+                p = 1.0
+                for j, a in enumerate(rates[c.request_id][: min(c.cap, self.k_max)]):
+                    p *= a
+                    slots.append((p, j, c.request_id))
+        slots.sort(key=lambda s: (-s[0], s[1]))
+
+        n_decode = len(candidates)
+
+        def goodput(tokens: int, gain: float, steps: int, drafting: int) -> float:
+            seconds = self.cost.step_seconds(num_sequences, base_tokens + tokens, drafting, steps)
+            return (n_decode + gain) / max(seconds, 1e-9)
+
+        best = goodput(tokens, gain, max_steps, drafting)
+        no_adaptive_drafts, best_n = best, 0
+        taken: dict[str, int] = {}
+        for n, (p, j, rid) in enumerate(slots, start=1):
+            if tokens >= budget:
+                break
+            tokens += 1
+            gain += p
+            if rid not in taken and k[rid] == 0:
+                drafting += 1
+            taken[rid] = j + 1
+            max_steps = max(max_steps, j + 1)
+            g = goodput(tokens, gain, max_steps, drafting)
+            if g > best:
+                best, best_n = g, n
+        if best < no_adaptive_drafts * MIN_GAIN:
+            best_n = 0
+        chosen: dict[str, int] = {}
+        for _, j, rid in slots[:best_n]:
+            chosen[rid] = max(chosen.get(rid, 0), j + 1)
+        k.update(chosen)
+
+        probed = self._probe(candidates, k)
+        predicted = sum(expected_tokens(rates[c.request_id], k[c.request_id]) for c in candidates)
+        drafts = [v for v in k.values() if v > 0]
+        seconds = self.cost.step_seconds(
+            num_sequences, base_tokens + sum(drafts), len(drafts), max(drafts, default=0)
+        )
+        return Decision(k, predicted, seconds, probed)
+
+    def _probe(self, candidates: Sequence[Candidate], k: dict[str, int]) -> list[str]:
+        """One draft, now and then, for a request the optimiser gave none: its acceptance estimate
+        may be stale (content changes) or only a prior. The interval doubles with every probe and
+        starts over once the optimiser itself gives the request drafts again."""
+        probed = []
+        for c in candidates:
+            state = self._probes.get(c.request_id)
+            if state is None:
+                # A request with no verification of its own is probed on its first decode step if
+                # the optimiser gives it nothing: the global estimate it starts from may come from
+                # other content, and only probes refresh it.
+                unknown = not self.acceptance.has_observations(c.request_id)
+                state = _ProbeState(steps_without_drafts=FIRST_PROBE_INTERVAL - 1 if unknown else 0)
+                self._probes[c.request_id] = state
+            if k[c.request_id] > 0 or c.cap <= 0:
+                state.steps_without_drafts = 0
+                if k[c.request_id] > 0:
+                    state.interval = FIRST_PROBE_INTERVAL
+                continue
+            state.steps_without_drafts += 1
+            if state.steps_without_drafts >= state.interval:
+                k[c.request_id] = 1
+                state.steps_without_drafts = 0
+                state.interval = min(2 * state.interval, MAX_PROBE_INTERVAL)
+                probed.append(c.request_id)
+        return probed
+
+    # --- feedback ---------------------------------------------------------------------------------
+    def observe_verification(self, request_id: str, num_drafts: int, num_accepted: int) -> None:
+        self.acceptance.observe(request_id, num_drafts, num_accepted)
+
+    def forget(self, request_id: str) -> None:
+        self.acceptance.forget(request_id)
+        self._probes.pop(request_id, None)

@@ -1,0 +1,259 @@
+"""The speculation controller on its own (no model): acceptance and cost in, k per request out."""
+
+from __future__ import annotations
+
+import pytest
+
+from specserve.engine.kv_cache_manager import KVCacheManager
+from specserve.engine.request import Request
+from specserve.engine.sampling_params import SamplingParams
+from specserve.engine.scheduler import Scheduler, SchedulerConfig
+from specserve.engine.spec_controller import (
+    FIRST_PROBE_INTERVAL,
+    AcceptanceModel,
+    Candidate,
+    SpeculationController,
+    StepCostModel,
+    expected_tokens,
+)
+
+K_MAX = 8
+FLAT = [(1, 0.010), (1024, 0.010)]  # verifying more tokens costs nothing more (memory-bound)
+STEEP = [(1, 0.010), (1024, 0.010 * 1024)]  # every token costs a full step (compute-bound)
+# int4 kernels: a step every 4 rows; plus 2% of a step per row (logits, sampling)
+INT4_TILES = [(n, 0.010 * (1 + (n - 1) // 4) + 0.0002 * n) for n in range(1, 33)]
+
+
+class FrozenCost(StepCostModel):
+    """Measurements are ignored: the test fixes the costs."""
+
+    def observe_target(self, num_sequences: int, num_tokens: int, seconds: float) -> None:
+        pass
+
+    def observe_draft(self, num_requests: int, num_steps: int, seconds: float) -> None:
+        pass
+
+
+def controller(curve, draft_ratio=0.0, k_max=K_MAX) -> SpeculationController:
+    return SpeculationController(k_max, FrozenCost(curve, draft_cost_ratio=draft_ratio))
+
+
+def teach(ctrl: SpeculationController, request_id: str, acceptance: float, rounds: int = 30) -> None:
+    """Feed verifications whose drafts are accepted with probability `acceptance` (deterministically:
+    the accepted count is the expected prefix length, rounded)."""
+    for _ in range(rounds):
+        accepted = 0
+        p = 1.0
+        while accepted < K_MAX and p * acceptance >= 0.5:
+            p *= acceptance
+            accepted += 1
+        ctrl.observe_verification(request_id, K_MAX, accepted)
+
+
+def choose_one(ctrl, cap=K_MAX, rid="a", budget=2048):
+    return ctrl.choose([Candidate(rid, cap)], num_sequences=1, base_tokens=1, token_budget=budget).k[rid]
+
+
+def test_expected_tokens():
+    assert expected_tokens([1.0] * 4, 4) == 5
+    assert expected_tokens([0.5, 0.5], 2) == pytest.approx(1.75)
+    assert expected_tokens([0.9, 0.9], 0) == 1
+
+
+def test_full_acceptance_and_flat_cost_drafts_the_cap():
+    ctrl = controller(FLAT)
+    teach(ctrl, "a", 1.0)
+    assert choose_one(ctrl) == K_MAX
+    assert choose_one(ctrl, cap=3) == 3  # the per-request cap holds
+
+
+def test_zero_acceptance_turns_drafting_off_then_probes():
+    ctrl = controller(INT4_TILES)
+    ks = []
+    for _ in range(6):  # acceptance 0 from the start: a few verifications teach it
+        k = choose_one(ctrl)
+        ks.append(k)
+        if k:
+            ctrl.observe_verification("a", k, 0)
+    assert ks[-1] == 0
+    assert ks.index(0) <= 6, ks
+    # Off, but probed again now and then, and less often while probes fail.
+    probes = []
+    for step in range(200):
+        k = choose_one(ctrl)
+        if k:
+            assert k == 1
+            probes.append(step)
+            ctrl.observe_verification("a", k, 0)
+    assert len(probes) >= 3
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    assert gaps[0] >= FIRST_PROBE_INTERVAL and gaps == sorted(gaps)
+
+
+def test_content_change_switches_drafting_back_on():
+    ctrl = controller(INT4_TILES)
+    for _ in range(10):
+        if k := choose_one(ctrl):
+            ctrl.observe_verification("a", k, 0)
+    assert choose_one(ctrl) == 0
+    # A copy-heavy section starts: the next probe is accepted, and drafting resumes.
+    for _ in range(100):
+        if k := choose_one(ctrl):
+            ctrl.observe_verification("a", k, k)
+            if k > 1:
+                break
+    assert choose_one(ctrl) >= 3
+
+
+def test_steep_cost_gives_fewer_drafts_than_flat():
+    flat, steep = controller(FLAT), controller(STEEP)
+    for ctrl in (flat, steep):
+        teach(ctrl, "a", 0.8)
+    assert choose_one(flat) == K_MAX
+    assert choose_one(steep) == 0  # each token costs a step: drafting cannot pay at 0.8
+
+
+def test_int4_tiles_fill_one_tile():
+    ctrl = controller(INT4_TILES)
+    teach(ctrl, "a", 0.8)
+    assert choose_one(ctrl) == 3  # 4 rows cost one; 8 rows cost two, which 0.8 does not repay
+
+
+def test_draft_cost_shortens_k():
+    cheap, costly = controller(FLAT, draft_ratio=0.0), controller(FLAT, draft_ratio=0.5)
+    for ctrl in (cheap, costly):
+        teach(ctrl, "a", 0.7)
+    assert choose_one(cheap) == K_MAX
+    assert 0 < choose_one(costly) < K_MAX
+
+
+def test_a_big_compute_bound_batch_drafts_nothing():
+    # Linear cost in tokens: with 32 decoding requests each draft token costs as much as a sequence.
+    ctrl = controller(STEEP)
+    cands = [Candidate(f"r{i}", K_MAX) for i in range(32)]
+    for c in cands:
+        teach(ctrl, c.request_id, 0.6)
+    d = ctrl.choose(cands, num_sequences=32, base_tokens=32, token_budget=2048)
+    assert set(d.k.values()) == {0}
+
+
+def test_budget_is_respected():
+    ctrl = controller(FLAT)
+    cands = [Candidate(f"r{i}", K_MAX) for i in range(8)]
+    for c in cands:
+        teach(ctrl, c.request_id, 1.0)
+    d = ctrl.choose(cands, num_sequences=8, base_tokens=8, token_budget=20)
+    assert sum(d.k.values()) <= 20
+    assert max(d.k.values()) > 0
+
+
+def test_requests_get_what_their_own_acceptance_earns():
+    ctrl = controller(INT4_TILES)
+    teach(ctrl, "good", 0.95)
+    teach(ctrl, "bad", 0.05)
+    d = ctrl.choose(
+        [Candidate("good", K_MAX), Candidate("bad", K_MAX)], num_sequences=2, base_tokens=2, token_budget=64
+    )
+    assert d.k["good"] > d.k["bad"]
+
+
+def test_static_requests_get_their_cap():
+    ctrl = controller(STEEP)
+    teach(ctrl, "s", 0.0)
+    d = ctrl.choose([Candidate("s", 5, static=True)], num_sequences=1, base_tokens=1, token_budget=100)
+    assert d.k["s"] == 5
+
+
+def test_new_request_starts_from_the_global_estimate():
+    ctrl = controller(INT4_TILES)
+    teach(ctrl, "old", 0.95)
+    assert choose_one(ctrl, rid="new") == 3
+    ctrl.forget("old")
+    assert choose_one(ctrl, rid="new2") == 3  # the global estimate outlives the request
+
+
+def test_prediction_is_reported():
+    ctrl = controller(FLAT)
+    teach(ctrl, "a", 1.0)
+    d = ctrl.choose([Candidate("a", 4)], num_sequences=1, base_tokens=1, token_budget=64)
+    assert d.predicted_tokens == pytest.approx(5.0, rel=0.1)
+    assert d.predicted_seconds == pytest.approx(0.010)
+
+
+# --- cost model ------------------------------------------------------------------------------------
+def test_cost_curve_interpolates_and_calibrates():
+    cost = StepCostModel([(1, 1.0), (4, 1.0), (8, 2.0)])
+    assert cost.curve(2) == 1.0
+    assert cost.curve(6) == pytest.approx(1.5)
+    assert cost.curve(16) == pytest.approx(4.0)  # the last segment's slope
+    cost.observe_target(num_sequences=8, num_tokens=8, seconds=4.0)  # batches of 8 are 2x the profile
+    assert cost.target_seconds(8, 8) == pytest.approx(4.0)
+    assert cost.target_seconds(1, 8) == pytest.approx(2.0)  # other batch sizes keep their own
+
+
+def test_draft_cost_starts_from_the_weight_ratio_then_learns():
+    cost = StepCostModel([(1, 1.0), (64, 1.0)], draft_cost_ratio=0.25)
+    assert cost.draft_seconds(num_requests=1, num_steps=4) == pytest.approx(1.0)
+    cost.observe_draft(num_requests=1, num_steps=2, seconds=1.0)
+    assert cost.draft_seconds(num_requests=1, num_steps=4) == pytest.approx(2.0)
+
+
+def test_acceptance_model_positions_and_decay():
+    model = AcceptanceModel(4)
+    for _ in range(20):
+        model.observe("a", 4, 1)  # first accepted, second rejected, rest never judged
+    rates = model.rates("a")
+    assert rates[0] > 0.9 and rates[1] < 0.1
+    for _ in range(10):
+        model.observe("a", 4, 0)
+    assert model.rates("a")[0] < 0.3  # recent verifications dominate
+
+
+# --- through the scheduler -------------------------------------------------------------------------
+def _scheduler_with(ctrl, k=K_MAX):
+    kv = KVCacheManager(num_blocks=64, block_size=4, enable_prefix_caching=False)
+    return Scheduler(SchedulerConfig(num_speculative_tokens=k, speculative_policy="adaptive"), kv, ctrl)
+
+
+def _decoding(rid, **params):
+    req = Request(rid, [1, 2, 3], SamplingParams(max_tokens=100, **params))
+    req.output_token_ids = [4]
+    return req
+
+
+def _to_decode(sched):
+    """Admit the requests, then put them in decode (only their last token is not in the KV cache)."""
+    for s in sched.schedule().scheduled:
+        s.request.num_computed_tokens = s.request.num_tokens - 1
+
+
+def test_scheduler_respects_enabled_false_and_request_cap():
+    ctrl = controller(FLAT)
+    for rid in ("on", "off", "capped"):
+        teach(ctrl, rid, 1.0)
+    sched = _scheduler_with(ctrl)
+    reqs = [
+        _decoding("on"),
+        _decoding("off", speculative_enabled=False),
+        _decoding("capped", num_speculative_tokens=2),
+    ]
+    for r in reqs:
+        sched.add_request(r)
+    _to_decode(sched)
+    out = sched.schedule()
+    got = {s.request.request_id: s.num_speculative_tokens for s in out.scheduled}
+    assert got == {"on": K_MAX, "off": 0, "capped": 2}
+    assert out.speculation is not None and out.speculation.k["on"] == K_MAX
+
+
+def test_scheduler_static_request_on_adaptive_server():
+    ctrl = controller(STEEP)
+    teach(ctrl, "s", 0.0)
+    teach(ctrl, "a", 0.0)
+    sched = _scheduler_with(ctrl, k=5)
+    for r in (_decoding("s", speculative_policy="static"), _decoding("a")):
+        sched.add_request(r)
+    _to_decode(sched)
+    out = sched.schedule()
+    got = {s.request.request_id: s.num_speculative_tokens for s in out.scheduled}
+    assert got["s"] == 5 and got["a"] in (0, 1)  # 1 only as a probe

@@ -95,6 +95,11 @@ def test_env_vars_configure_flags(tiny_llama_dir):
         ["generate"],
         ["generate", "--prompt", "x", "--model-path", "/no/such/dir/model"],
         ["serve", "--port", "not-a-port"],
+        ["generate", "--prompt", "x", "--speculative-method", "ngram,,draft_model"],
+        ["generate", "--prompt", "x", "--speculative-method", "ngram,ngram"],
+        ["generate", "--prompt", "x", "--speculative-method", "auto,ngram"],
+        ["generate", "--prompt", "x", "--speculative-policy", "sometimes"],
+        ["generate", "--prompt", "x", "--speculative-method", "ngram,no_such_proposer"],
     ],
 )
 def test_bad_flags_exit_2_with_one_line(args):

@@ -125,6 +125,10 @@ def _accepted_by_position(s: EngineSnapshot) -> dict[str, int]:
     return {str(pos): c for pos, c in enumerate(counts)}
 
 
+def _mean(values: Sequence[int]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
 def _success_by_reason(s: EngineSnapshot) -> dict[str, int]:
     return {r.value: s.request_success.get(r.value, 0) for r in FinishReason}
 
@@ -192,9 +196,53 @@ SERIES: tuple[Series, ...] = (
     Series(
         "specserve:spec_decode_num_speculative_tokens",
         "gauge",
-        "Current max draft tokens per verification (k; 0 = no speculation)",
+        "Mean draft tokens allowed per decoding request in the steps since the last update (the"
+        " controller's k; 0 = no speculation)",
         _SPEC,
-        lambda s: s.num_speculative_tokens,
+        lambda s: _mean(s.events.chosen_k),
+    ),
+    Series(
+        "specserve:spec_decode_chosen_num_speculative_tokens",
+        "histogram",
+        "Draft tokens allowed per decoding request per step (k, 0 included)",
+        _SPEC,
+        lambda s: s.events.chosen_k,
+        buckets=tuple(range(MAX_NUM_SPECULATIVE_TOKENS + 1)),  # one per possible k
+    ),
+    Series(
+        "specserve:spec_decode_controller_steps",
+        "counter",
+        "Steps whose k the adaptive controller chose",
+        _SPEC,
+        lambda s: s.controller_steps,
+    ),
+    Series(
+        "specserve:spec_decode_controller_predicted_tokens",
+        "counter",
+        "Tokens the controller expected its decoding requests to emit in those steps",
+        _SPEC,
+        lambda s: s.controller_predicted_tokens,
+    ),
+    Series(
+        "specserve:spec_decode_controller_measured_tokens",
+        "counter",
+        "Tokens those requests emitted in those steps",
+        _SPEC,
+        lambda s: s.controller_measured_tokens,
+    ),
+    Series(
+        "specserve:spec_decode_controller_predicted_step_seconds",
+        "counter",
+        "Step time the controller's cost model predicted for those steps",
+        _SPEC,
+        lambda s: s.controller_predicted_step_seconds,
+    ),
+    Series(
+        "specserve:spec_decode_controller_measured_step_seconds",
+        "counter",
+        "Step time measured for those steps",
+        _SPEC,
+        lambda s: s.controller_measured_step_seconds,
     ),
     Series(
         "specserve:spec_decode_acceptance_length",

@@ -129,11 +129,17 @@ class EngineSnapshot:
     prefix_cache_hits: int = 0
     request_success: Mapping[str, int] = field(default_factory=dict)  # finish reason -> requests
     nonfinite_logits_requests: int = 0
+    # the adaptive controller's predictions and what happened, over the steps it decided
+    controller_steps: int = 0
+    controller_predicted_tokens: float = 0.0
+    controller_measured_tokens: int = 0
+    controller_predicted_step_seconds: float = 0.0
+    controller_measured_step_seconds: float = 0.0
     # --- gauges -------------------------------------------------------------------------------
     num_running: int = 0
     num_waiting: int = 0
     kv_cache_usage: float = 0.0  # 0-1
-    num_speculative_tokens: int = 0  # current k (0 = no speculation)
+    num_speculative_tokens: int = 0  # the cap K_max (0 = no speculation)
     # --- static configuration -----------------------------------------------------------------
     block_size: int = 0
     num_blocks: int = 0
@@ -193,6 +199,11 @@ class EngineStats:
             prefix_cache_hits=prefix_cache_hits,
             request_success=dict(self.request_success),
             nonfinite_logits_requests=self.nonfinite_logits_requests,
+            controller_steps=spec.controller_steps,
+            controller_predicted_tokens=spec.predicted_tokens,
+            controller_measured_tokens=spec.measured_tokens,
+            controller_predicted_step_seconds=spec.predicted_step_seconds,
+            controller_measured_step_seconds=spec.measured_step_seconds,
             num_running=num_running,
             num_waiting=num_waiting,
             kv_cache_usage=kv_cache_usage,

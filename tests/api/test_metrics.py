@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tiny_models import make_llm, mixed_prompts
+from tiny_models import make_adaptive_llm, make_llm, mixed_prompts
 
 from specserve.api.metrics import SERIES, MetricsExporter, markdown_table
 from specserve.engine import SamplingParams
@@ -49,6 +49,7 @@ HISTOGRAMS = [
     "specserve:e2e_request_latency_seconds",
     "specserve:request_queue_time_seconds",
     "specserve:spec_decode_acceptance_length",
+    "specserve:spec_decode_chosen_num_speculative_tokens",
 ]
 SPEC = {
     "specserve:spec_decode_num_drafts_total",
@@ -112,7 +113,8 @@ def test_series_exist_before_traffic(run):
         assert value(before, name, model_name=MODEL) == 0
     for name in GAUGES:
         value(before, name, model_name=MODEL)
-    assert value(before, "specserve:spec_decode_num_speculative_tokens", proposer="ngram") == K
+    # Mean k allowed in the steps since the last update: none yet.
+    assert value(before, "specserve:spec_decode_num_speculative_tokens", proposer="ngram") == 0
     for name in HISTOGRAMS:
         assert value(before, name + "_count", model_name=MODEL) == 0
     for reason in ("stop", "length", "abort", "error"):
@@ -191,6 +193,33 @@ def test_histograms(run):
         assert value(m, name + "_count") == n
     # One inter-token gap per generated token after the first.
     assert value(m, "specserve:inter_token_latency_seconds_count") == sum(len(o.token_ids) - 1 for o in outs)
+
+
+def test_chosen_k_histogram_counts_every_decode_step(run):
+    _, _, outs, _, m, _ = run
+    decisions = sum(o.spec.num_k_decisions for o in outs)
+    assert decisions > 0
+    name = "specserve:spec_decode_chosen_num_speculative_tokens"
+    assert value(m, name + "_count") == decisions
+    assert value(m, name + "_sum") == sum(o.spec.sum_k for o in outs)
+    assert value(m, name + "_bucket", le=f"{K - 1}.0") < decisions  # static K: mostly k = K
+
+
+def test_controller_predictions_are_exported(tiny_llama_dir):
+    llm = make_adaptive_llm(tiny_llama_dir, speculative_method="ngram", num_speculative_tokens=K)
+    exporter = MetricsExporter(MODEL, llm.engine.snapshot())
+    llm.generate(mixed_prompts(4, seed=5), SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    exporter.update(llm.engine.snapshot())
+    m = parse(exporter.render())
+    spec = llm.engine.stats.spec
+    steps = value(m, "specserve:spec_decode_controller_steps_total")
+    assert steps == spec.controller_steps > 0
+    assert value(m, "specserve:spec_decode_controller_measured_tokens_total") == spec.measured_tokens > 0
+    predicted = value(m, "specserve:spec_decode_controller_predicted_tokens_total")
+    assert predicted == pytest.approx(spec.predicted_tokens) and predicted >= steps
+    measured_s = value(m, "specserve:spec_decode_controller_measured_step_seconds_total")
+    assert measured_s == pytest.approx(spec.measured_step_seconds) and measured_s > 0
+    assert value(m, "specserve:spec_decode_controller_predicted_step_seconds_total") > 0
 
 
 def test_gauges_after_the_run(run):

@@ -97,6 +97,9 @@ def run_engine(cfg: RunConfig, args: argparse.Namespace, repeat: int) -> RunResu
             speculative_method="draft_model",
             draft_model_path=args.draft,
             draft_quantization_encoding=cfg.draft_encoding,
+            # This benchmark measures the kernels at a fixed k (the static policy's default for the
+            # target encoding); the adaptive controller has its own benchmark (bench_spec_policy).
+            speculative_policy="static",
         )
         if args.num_speculative_tokens is not None:  # else the engine's default for the target encoding
             kwargs["num_speculative_tokens"] = args.num_speculative_tokens

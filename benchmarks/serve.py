@@ -1,8 +1,10 @@
 """`specserve bench serve`: a streaming load test against a specserve server on this machine.
 
-A concurrency sweep (each level keeps C requests in flight over a fixed prompt set) with speculation on and
-off in the SAME run: one server started with speculation, toggled per request with
-`"speculative": {"enabled": false}`; the two modes alternate order from one level to the next. Reports
+A concurrency sweep (each level keeps C requests in flight over a fixed prompt set) comparing speculation
+modes in the SAME run on one server started with speculation, toggled per request: off
+(`"speculative": {"enabled": false}`), on (the server's own policy), static (`"policy": "static"` with
+k = --static-k every step) and adaptive (`"policy": "adaptive"`: the controller picks k). The mode order
+rotates from one round to the next. Reports
 requests/s, output tokens/s, TTFT, ITL (gap between streamed chunks), TPOT ((e2e - TTFT) / (tokens - 1))
 and E2E latency p50/p90/p99, plus the server's per-request acceptance stats.
 
@@ -33,8 +35,21 @@ from .harness import add_output_args, envelope, keyed, output_dir, print_report,
 from .local_server import BenchError, bearer, launch_server, loopback_url, server_info
 from .prompt_sets import CATEGORIES, load_prompts, parse_categories
 
+MAX_NUM_SPECULATIVE_TOKENS = 32  # the server's bound (engine/sampling_params.py), not imported: no torch here
+
 SCHEMA = "specserve.bench.serve/1"
-MODES = ("off", "on")
+MODES = ("off", "on", "static", "adaptive")
+
+
+def speculative_options(mode: str, static_k: int) -> dict[str, Any]:
+    """The request's `speculative` object for a benchmark mode."""
+    if mode == "off":
+        return {"enabled": False}
+    if mode == "static":
+        return {"policy": "static", "num_speculative_tokens": static_k}
+    if mode == "adaptive":
+        return {"policy": "adaptive"}
+    return {"enabled": True}
 
 
 def check_loopback(base_url: str, allow_remote: bool = False, api_key: str | None = None) -> str:
@@ -121,7 +136,7 @@ async def one_request(
 
 
 def request_body(
-    messages: list[dict[str, Any]], max_tokens: int, mode: str, model: str | None
+    messages: list[dict[str, Any]], max_tokens: int, mode: str, model: str | None, static_k: int = 5
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "messages": messages,
@@ -130,7 +145,7 @@ def request_body(
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "speculative": {"enabled": mode == "on"},
+        "speculative": speculative_options(mode, static_k),
     }
     if model:
         body["model"] = model
@@ -168,7 +183,7 @@ async def run_cell(
             await one_request(
                 session,
                 url,
-                request_body(p.messages, args.max_tokens, mode, args.model),
+                request_body(p.messages, args.max_tokens, mode, args.model, args.static_k),
                 rec,
                 headers,
                 args.request_timeout,
@@ -190,6 +205,7 @@ def cell_summary(records: list[RequestRecord], duration: float) -> dict[str, Any
             for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
         )
     )
+    mean_ks = [(r.spec or {}).get("mean_k") for r in ok]
 
     def pct(values: list[float | None]) -> dict[str, float | None]:
         return {k: st.round_or_none(v, 5) for k, v in st.percentiles(values).items()}
@@ -212,6 +228,7 @@ def cell_summary(records: list[RequestRecord], duration: float) -> dict[str, Any
         else None,
         "acceptance_rate": st.round_or_none(rate),
         "mean_acceptance_length": st.round_or_none(length),
+        "mean_k": st.round_or_none(st.median(k for k in mean_ks if k is not None)),
     }
 
 
@@ -255,8 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (EOS ignored)")
     r.add_argument("--categories", default="all", help=f"prompt categories: {', '.join(CATEGORIES)} or all")
     r.add_argument(
-        "--modes", default="off,on", help="speculation modes to compare: off,on (per-request toggle)"
+        "--modes",
+        default="off,on",
+        help="speculation modes to compare, per-request toggle: off, on (the server's policy), static"
+        " (k = --static-k every step), adaptive (the controller's k)",
     )
+    r.add_argument("--static-k", type=int, default=5, help="k of the static mode (default 5)")
     r.add_argument("--repeats", type=int, default=1, help="repeats of every (level, mode) cell, interleaved")
     r.add_argument("--warmup", type=int, default=1, help="untimed warm-up requests per mode")
     r.add_argument(
@@ -275,7 +296,9 @@ def _plan(args: argparse.Namespace) -> tuple[list[int], list[str], dict[int, int
         raise BenchError("--concurrency levels must be between 1 and 256")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
-        raise BenchError("--modes must be a comma list of on, off")
+        raise BenchError(f"--modes must be a comma list of {', '.join(MODES)}")
+    if not 0 <= args.static_k <= MAX_NUM_SPECULATIVE_TOKENS:
+        raise BenchError(f"--static-k must be in [0, {MAX_NUM_SPECULATIVE_TOKENS}]")
     per = {c: args.requests_per_level or max(4, 2 * c) for c in levels}
     total = sum(per.values()) * len(modes) * args.repeats + args.warmup * len(modes)
     if total > args.max_total_requests:
@@ -335,13 +358,18 @@ def summarize(cells: list[dict[str, Any]], levels: list[int], modes: list[str]) 
                 "mean_acceptance_length": st.round_or_none(
                     st.median(x["mean_acceptance_length"] for x in cs)
                 ),
+                "mean_k": st.round_or_none(st.median(x.get("mean_k") for x in cs)),
                 "failed": sum(x["failed"] for x in cs),
             }
-        if "on" in modes and "off" in modes:
+        if "off" in modes:
             level = [x for x in cells if x["concurrency"] == c]
-            on = keyed((x for x in level if x["mode"] == "on"), "output_tokens_per_s", "repeat")
             off = keyed((x for x in level if x["mode"] == "off"), "output_tokens_per_s", "repeat")
-            row["spec_speedup_output_tokens_per_s"] = st.round_or_none(st.compare(on, off).median)
+            for mode in modes:
+                if mode == "off":
+                    continue
+                ys = keyed((x for x in level if x["mode"] == mode), "output_tokens_per_s", "repeat")
+                key = "spec_speedup_output_tokens_per_s" if mode == "on" else f"{mode}_vs_off"
+                row[key] = st.round_or_none(st.compare(ys, off).median)
         out.append(row)
     return out
 

@@ -30,9 +30,10 @@ def markdown(report: Report) -> str:
         md_table(CELL_HEADER, [_cell_row(cell, report["config"]["repeats"]) for cell in report["cells"]]),
         "",
     ]
-    if any("spec_speedup_output_tokens_per_s" in s for s in report["summary"]):
-        lines += _on_vs_off(report["summary"])
-        lines += _scaling(report["summary"])
+    modes = report["config"]["modes"]
+    if "off" in modes and len(modes) > 1:
+        lines += _vs_off(report["summary"], modes)
+        lines += _scaling(report["summary"], modes)
     return markdown_document(lines, report)
 
 
@@ -76,25 +77,38 @@ def _cell_row(cell: dict[str, Any], repeats: int) -> list[str]:
     ]
 
 
-def _on_vs_off(summary: list[dict[str, Any]]) -> list[str]:
+def ratio_key(mode: str) -> str:
+    """The summary key of a mode's paired speed ratio against speculation off."""
+    return "spec_speedup_output_tokens_per_s" if mode == "on" else f"{mode}_vs_off"
+
+
+def _vs_off(summary: list[dict[str, Any]], modes: list[str]) -> list[str]:
+    others = [m for m in modes if m != "off"]
     rows = [
         [
             str(s["concurrency"]),
-            fmt(s["off"]["output_tokens_per_s"]),
-            fmt(s["on"]["output_tokens_per_s"]),
-            fmt(s.get("spec_speedup_output_tokens_per_s"), 2, "x"),
+            *(fmt(s[m]["output_tokens_per_s"]) for m in modes),
+            *(fmt(s.get(ratio_key(m)), 2, "x") for m in others),
+            *(fmt(s[m].get("mean_k"), 2) for m in others),
         ]
         for s in summary
     ]
+    header = [
+        "concurrency",
+        *(f"{m} tok/s" for m in modes),
+        *(f"{m} / off" for m in others),
+        *(f"mean k {m}" for m in others),
+    ]
     return [
-        "Speculation on vs off (output tokens/s, median of paired repeats):",
+        "Each mode against speculation off (output tokens/s; ratios are medians of paired repeats;"
+        " mean k = drafts allowed per decode step, per request, median):",
         "",
-        md_table(["concurrency", "off", "on", "on / off"], rows),
+        md_table(header, rows),
         "",
     ]
 
 
-def _scaling(summary: list[dict[str, Any]]) -> list[str]:
+def _scaling(summary: list[dict[str, Any]], modes: list[str]) -> list[str]:
     """Total output tokens/s against concurrency 1 (only when the sweep starts there)."""
     base = summary[0]
     if base["concurrency"] != 1:
@@ -106,7 +120,7 @@ def _scaling(summary: list[dict[str, Any]]) -> list[str]:
                 fmt((s[m]["output_tokens_per_s"] or 0) / base[m]["output_tokens_per_s"], 2, "x")
                 if base[m]["output_tokens_per_s"]
                 else "–"
-                for m in ("off", "on")
+                for m in modes
             ),
         ]
         for s in summary
@@ -114,9 +128,12 @@ def _scaling(summary: list[dict[str, Any]]) -> list[str]:
     return [
         "Total output tokens/s relative to concurrency 1:",
         "",
-        md_table(["concurrency", "spec off", "spec on"], rows),
+        md_table(["concurrency", *(f"spec {m}" for m in modes)], rows),
         "",
     ]
+
+
+MODE_COLORS = {"off": "tab:blue", "on": "tab:orange", "static": "tab:red", "adaptive": "tab:green"}
 
 
 def plot(report: Report, out_dir: Path) -> list[str]:
@@ -134,7 +151,7 @@ def plot(report: Report, out_dir: Path) -> list[str]:
     ]
     for ax, (key, label, scale) in zip(axes, panels, strict=True):
         for mode in report["config"]["modes"]:
-            color = "tab:orange" if mode == "on" else "tab:blue"
+            color = MODE_COLORS.get(mode, "tab:gray")
             ax.plot(
                 xs, [(s[mode][key] or 0) * scale for s in summ], marker="o", color=color, label=f"spec {mode}"
             )

@@ -59,6 +59,35 @@ def test_serve_quick_smoke(tiny_llama_dir, tmp_path):
     assert "| concurrency |" in (out / "serve.md").read_text()
 
 
+def test_serve_compares_static_and_adaptive_with_off(tiny_llama_dir, tmp_path):
+    server = start_server(tiny_llama_dir, tmp_path)
+    try:
+        out = tmp_path / "out"
+        args = ["--base-url", server.base_url, "--concurrency", "1", "--requests-per-level", "2"]
+        args += ["--max-tokens", "8", "--categories", "code", "--warmup", "0", "--no-progress"]
+        args += ["--modes", "off,static,adaptive", "--static-k", "3", "--output-dir", str(out)]
+        code = serve.main(args)
+    finally:
+        server.stop()
+    assert code == 0
+    report = json.loads((out / "serve.json").read_text())
+    assert {c["mode"] for c in report["cells"]} == {"off", "static", "adaptive"}
+    row = report["summary"][0]
+    assert row["static_vs_off"] > 0 and row["adaptive_vs_off"] > 0
+    assert row["off"]["mean_k"] == 0
+    assert 2 <= row["static"]["mean_k"] <= 3  # k = 3 every step, less only where few tokens are left
+    assert 0 <= row["adaptive"]["mean_k"] <= 32
+    text = (out / "serve.md").read_text()
+    assert "adaptive / off" in text and "mean k static" in text
+
+
+def test_bad_static_k_and_mode_are_refused(capsys):
+    assert serve.main(["--base-url", "http://127.0.0.1:1", "--static-k", "99", "--no-progress"]) == 2
+    assert "--static-k" in capsys.readouterr().err
+    assert serve.main(["--base-url", "http://127.0.0.1:1", "--modes", "off,fast", "--no-progress"]) == 2
+    assert "--modes" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "url", ["http://10.0.0.1:8000", "http://example.com", "ftp://127.0.0.1:1", "http://192.168.1.2"]
 )

@@ -76,6 +76,23 @@ _LATENCY_BUCKETS = (
     80.0,
 )
 
+
+def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to `max_value` (vLLM's buckets for token counts)."""
+    buckets, exponent = [], 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_value:
+                return tuple(buckets)
+            buckets.append(value)
+        exponent += 1
+
+
+# vLLM ends its length buckets at max_model_len; ours are declared before any model is loaded, so they
+# end at 200k tokens (past the longest context of the families we load; longer lands in +Inf).
+_LENGTH_BUCKETS = build_1_2_5_buckets(200_000)
+
 Kind = Literal["counter", "gauge", "histogram", "info"]
 # What a row's reader returns, by kind -- counter: the cumulative value, or {label value: cumulative
 # value} for a series with a label of its own; gauge: the current value; histogram: the observations
@@ -325,6 +342,22 @@ SERIES: tuple[Series, ...] = (
         _M,
         lambda s: [max(0.0, t.queue_seconds) for t in s.events.finished],
         buckets=_LATENCY_BUCKETS,
+    ),
+    Series(
+        "specserve:request_prompt_tokens",
+        "histogram",
+        "Prompt tokens per finished request",
+        _M,
+        lambda s: [t.prompt_tokens for t in s.events.finished],
+        buckets=_LENGTH_BUCKETS,
+    ),
+    Series(
+        "specserve:request_generation_tokens",
+        "histogram",
+        "Generated tokens per finished request",
+        _M,
+        lambda s: [t.generation_tokens for t in s.events.finished],
+        buckets=_LENGTH_BUCKETS,
     ),
 )
 

@@ -50,6 +50,8 @@ HISTOGRAMS = [
     "specserve:request_queue_time_seconds",
     "specserve:spec_decode_acceptance_length",
     "specserve:spec_decode_chosen_num_speculative_tokens",
+    "specserve:request_prompt_tokens",
+    "specserve:request_generation_tokens",
 ]
 SPEC = {
     "specserve:spec_decode_num_drafts_total",
@@ -195,6 +197,34 @@ def test_histograms(run):
     assert value(m, "specserve:inter_token_latency_seconds_count") == sum(len(o.token_ids) - 1 for o in outs)
 
 
+def test_length_histograms(run):
+    """One prompt-length and one generation-length observation per finished request (vLLM's
+    request_prompt_tokens / request_generation_tokens), in 1-2-5 buckets."""
+    _, _, outs, _, m, _ = run
+    for name, lengths in (
+        ("specserve:request_prompt_tokens", [len(o.prompt_token_ids) for o in outs]),
+        ("specserve:request_generation_tokens", [len(o.token_ids) for o in outs]),
+    ):
+        assert value(m, name + "_count") == len(outs) == len(lengths)
+        assert value(m, name + "_sum") == sum(lengths)
+        for le in (1, 5, 10, 20, 50, 100):
+            expected = sum(n <= le for n in lengths)
+            assert value(m, name + "_bucket", le=f"{float(le)}") == expected, (name, le)
+        assert value(m, name + "_bucket", le="+Inf") == len(outs)
+    # The workload's generation lengths differ (5, a stop, 24), so the buckets tell them apart.
+    assert value(m, "specserve:request_generation_tokens_bucket", le="5.0") >= 1
+    assert value(m, "specserve:request_generation_tokens_bucket", le="20.0") < len(outs)
+
+
+def test_length_buckets_are_vllms_1_2_5_series():
+    from specserve.api.metrics import build_1_2_5_buckets
+
+    assert build_1_2_5_buckets(100) == (1, 2, 5, 10, 20, 50, 100)
+    assert build_1_2_5_buckets(4096)[-3:] == (500, 1000, 2000)
+    row = next(r for r in SERIES if r.name == "specserve:request_prompt_tokens")
+    assert row.buckets[:7] == (1, 2, 5, 10, 20, 50, 100) and row.buckets[-1] >= 131072
+
+
 def test_chosen_k_histogram_counts_every_decode_step(run):
     _, _, outs, _, m, _ = run
     decisions = sum(o.spec.num_k_decisions for o in outs)
@@ -248,6 +278,8 @@ def test_late_event_after_drain_is_not_lost(run):
         "specserve:spec_decode_acceptance_length_count",
         "specserve:e2e_request_latency_seconds_count",
         "specserve:inter_token_latency_seconds_count",
+        "specserve:request_prompt_tokens_count",
+        "specserve:request_generation_tokens_count",
     ):
         assert value(m1, h) == value(m0, h) + 1, h
 

@@ -110,11 +110,15 @@ def test_dashboard_covers_the_issue(exported):
         "specserve:time_to_first_token_seconds_sum",
         "specserve:e2e_request_latency_seconds_sum",
     } <= by_title["Queue, prefill and decode time per request"]
-    assert {
-        "specserve:prompt_tokens_total",
-        "specserve:generation_tokens_total",
-        "specserve:request_success_total",
-    } == by_title["Prompt and generation length (mean per request)"]
+    for kind in ("prompt", "generation"):
+        metric = f"specserve:request_{kind}_tokens"
+        assert by_title[f"{kind.capitalize()} length per request"] == {
+            f"{metric}_bucket",
+            f"{metric}_sum",
+            f"{metric}_count",
+        }
+        qs = {e.split(",")[0] for e in quantiles if f"{metric}_bucket" in e}
+        assert qs == {"histogram_quantile(0.5", "histogram_quantile(0.9", "histogram_quantile(0.99"}, kind
     assert by_title["Finish reasons (time range)"] == {"specserve:request_success_total"}
     for metric in ("time_to_first_token", "inter_token_latency", "e2e_request_latency"):
         qs = {e.split(",")[0] for e in quantiles if f"specserve:{metric}_seconds_bucket" in e}

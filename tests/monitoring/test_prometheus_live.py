@@ -261,6 +261,8 @@ def test_dashboard_queries_run_and_metrics_exist(server, prometheus, traffic):
         "Requests running / waiting",
         "Time per output token (TPOT)",
         "Finish reasons (time range)",
+        "Prompt length per request",
+        "Generation length per request",
     ):
         q = by_title[title]
         for var, val in sorted(GRAFANA_VARS.items(), key=lambda kv: -len(kv[0])):

@@ -11,6 +11,7 @@ import torch
 from .config import QUANTIZED_ENCODINGS, EngineConfig, ModelSpec
 from .hybrid_proposer import HybridProposer
 from .memory import (
+    check_weights_fit,
     device_memory,
     estimate_activation_bytes,
     module_bytes,
@@ -24,6 +25,7 @@ from .proposer_registry import load_proposer
 from .quantized_loading import plan_quantized_load, quantize_loaded_model
 from .runner import SequenceInput, forward_sequences, padded_num_slots
 from .tokenizer import Tokenizer
+from .weight_size import estimate_weight_bytes
 
 logger = logging.getLogger("specserve.engine")
 
@@ -36,10 +38,43 @@ class LoadedModel:
     notice: str | None
 
 
-def load_model(spec: ModelSpec, cache_dir: str | None, batch_invariant: bool = False) -> LoadedModel:
+def load_model(
+    spec: ModelSpec,
+    cache_dir: str | None,
+    batch_invariant: bool = False,
+    *,
+    memory_utilization: float | None = None,
+    resident_bytes: int = 0,
+    what: str = "its weights",
+) -> LoadedModel:
+    """Resolve and load one model. With `memory_utilization`, first refuse (InsufficientMemoryError,
+    one line) a model whose weights, on top of `resident_bytes` already on its device, cannot fit in
+    that share of the device memory: sized from the config before any weight is read, so a model too
+    large for the container's limit is refused rather than OOM-killed while loading. (A GGUF source
+    is converted first; the conversion streams one tensor chunk at a time.)"""
     cache_root = resolve_cache_dir(cache_dir or None)
     resolved = resolve_model(spec.model_path, spec.weight_path, dtype=spec.dtype, cache_dir=cache_root)
     quantized = spec.quantization_encoding in QUANTIZED_ENCODINGS
+    plan = None
+    if quantized:
+        plan = plan_quantized_load(
+            resolved.directory,
+            resolved.gguf_path,
+            spec.quantization_encoding,
+            spec.int4_group_size,
+            cache_root,
+        )
+    if memory_utilization is not None:
+        weights = estimate_weight_bytes(
+            ArchConfig.from_directory(resolved.directory),
+            spec.dtype,
+            plan.encoding if plan else None,
+            spec.int4_group_size,
+            float_linears=plan is None or plan.needs_float_linears,
+            from_gguf=plan is not None and plan.gguf_path is not None,
+        )
+        memory = device_memory(spec.device)
+        check_weights_fit(weights, memory_utilization, memory, resident_bytes, what)
     if resolved.notice:
         # The float copy still serves embeddings and norms; say where the linear layers come from.
         suffix = (
@@ -48,16 +83,9 @@ def load_model(spec: ModelSpec, cache_dir: str | None, batch_invariant: bool = F
             else ""
         )
         logger.warning(resolved.notice + suffix)
-    if not quantized:
+    if plan is None:
         model = load_decoder(resolved.directory, spec.dtype, spec.device, batch_invariant=batch_invariant)
         return LoadedModel(model, model.config, resolved.directory, resolved.notice)
-    plan = plan_quantized_load(
-        resolved.directory,
-        resolved.gguf_path,
-        spec.quantization_encoding,
-        spec.int4_group_size,
-        cache_root,
-    )
     model = load_decoder(
         resolved.directory,
         spec.dtype,

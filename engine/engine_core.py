@@ -45,7 +45,13 @@ class EngineCore:
             logger.warning(
                 "batch-invariant numerics are implemented for the CPU; %s uses SDPA", config.model.device
             )
-        loaded = load_model(config.model, config.cache_dir, batch_invariant=batch_invariant)
+        # Refused before any weight is read when the weights alone cannot fit the memory budget.
+        loaded = load_model(
+            config.model,
+            config.cache_dir,
+            batch_invariant=batch_invariant,
+            memory_utilization=config.device_memory_utilization,
+        )
         self.model, self.arch = loaded.model, loaded.arch
         self.device = config.model.device
         self.tokenizer = Tokenizer(loaded.directory, self.arch.eos_token_ids)

@@ -91,6 +91,33 @@ def plan_num_blocks(
     return num_blocks
 
 
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / (1 << 30):.2f} GiB" if num_bytes >= 1 << 30 else f"{num_bytes / (1 << 20):.1f} MiB"
+
+
+def check_weights_fit(
+    weight_bytes: int,
+    utilization: float,
+    memory: DeviceMemory,
+    resident_bytes: int = 0,
+    what: str = "its weights",
+) -> None:
+    """Before loading: a one-line InsufficientMemoryError when the weights (estimated from the config,
+    engine/weight_size.py) plus what is already resident exceed `utilization` x the memory, the same
+    budget the KV cache is later planned in (which then also takes out activations and the KV cache)."""
+    budget = int(memory.bytes * utilization)
+    if resident_bytes + weight_bytes <= budget:
+        return
+    need = f"{what} need {_size(weight_bytes)}"
+    if resident_bytes:
+        need += f" on top of {_size(resident_bytes)} already loaded"
+    raise InsufficientMemoryError(
+        f"the model does not fit: {need}, over {utilization:.2f} x {_size(memory.bytes)} {memory.name};"
+        " refusing before loading them; raise the memory (limit) or --device-memory-utilization, or"
+        " quantize (--quantization-encoding int4)"
+    )
+
+
 def estimate_activation_bytes(
     cfg: ArchConfig, num_tokens: int, max_length: int, sample_rows: int, dtype_bytes: int
 ) -> int:

@@ -230,16 +230,38 @@ class Int4Linear(_QuantLinearBase):
 # ---------------------------------------------------------------------------------------------------
 
 
+def int4_group_for(in_features: int, group_size: int) -> int | None:
+    """The int4 group a layer gets: `group_size`, or a smaller one that divides in_features (e.g.
+    SmolLM2's 576 -> 64); None when none does."""
+    fitting = [g for g in sorted(INT4_GROUP_SIZES, reverse=True) if g <= group_size and in_features % g == 0]
+    return fitting[0] if fitting else None
+
+
+def quantized_linear_bytes(
+    out_features: int, in_features: int, bias: bool, encoding: str, group_size: int
+) -> int | None:
+    """Bytes of the layer `quantize_weight` makes of an [N, K] weight (buffers as the kernels keep
+    them), or None where it stays float. Start-up sizes the model with this before loading it."""
+    n, k = out_features, in_features
+    bias_bytes = n * QUANT_DTYPE.itemsize if bias else 0
+    group = int4_group_for(k, group_size) if encoding == "int4" else None
+    if group is not None:
+        n_pad = n + (-n % _N_ALIGN)
+        return n_pad * k // 2 + (k // group) * n_pad * 2 * QUANT_DTYPE.itemsize + bias_bytes
+    if k % _K_ALIGN == 0:
+        return n * k + n * QUANT_DTYPE.itemsize + bias_bytes  # int8 codes + per-row scales
+    return None
+
+
 def quantize_weight(
     weight: torch.Tensor, bias: torch.Tensor | None, encoding: str, group_size: int
 ) -> nn.Module | None:
     """The quantized layer for a float weight [N, K], or None where no kernel fits its shape."""
     n, k = weight.shape
     if encoding == "int4":
-        # Fall back to a smaller group that divides in_features (e.g. SmolLM2's 576 -> 64).
-        fitting = [g for g in sorted(INT4_GROUP_SIZES, reverse=True) if g <= group_size and k % g == 0]
-        if fitting:
-            return Int4Linear.from_float(weight, bias, fitting[0])
+        group = int4_group_for(k, group_size)
+        if group is not None:
+            return Int4Linear.from_float(weight, bias, group)
         logger.warning("int4: in_features %d fits no group size; using int8 for a [%d, %d] layer", k, n, k)
     if k % _K_ALIGN == 0:
         return Int8Linear.from_float(weight, bias)

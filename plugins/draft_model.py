@@ -29,7 +29,14 @@ class DraftModelProposer(Proposer):
         spec = ctx.config.draft
         if spec is None or spec.model_path is None:
             raise ProposerError("--speculative-method draft_model needs --draft-model-path")
-        loaded = load_model(spec, ctx.config.cache_dir)
+        # The target is loaded already: on a shared device its weights count against the budget too.
+        loaded = load_model(
+            spec,
+            ctx.config.cache_dir,
+            memory_utilization=ctx.config.device_memory_utilization,
+            resident_bytes=module_bytes(ctx.target) if spec.device == ctx.device else 0,
+            what="the draft model's weights",
+        )
         self.model = loaded.model
         self.device = spec.device
         self.dtype = spec.dtype

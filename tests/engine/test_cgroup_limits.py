@@ -10,11 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import make_llm
+from tiny_models import build_tiny_model, make_llm
 
 from specserve.engine import cgroup_limits
 from specserve.engine.cgroup_limits import cgroup_cpu_quota, cgroup_memory_limit
-from specserve.engine.memory import InsufficientMemoryError, device_memory
+from specserve.engine.memory import InsufficientMemoryError, device_memory, module_bytes
+from specserve.engine.models import factory
+from specserve.engine.models.arch import ArchConfig
+from specserve.engine.quantization import quantize_model
+from specserve.engine.weight_size import estimate_weight_bytes
 
 MiB, GiB = 1 << 20, 1 << 30
 V1_UNLIMITED = "9223372036854771712"
@@ -124,16 +128,91 @@ def test_kv_token_cap_still_has_to_fit_under_the_limit(tiny_llama_dir, fake_cgro
     assert clamped == fits  # a cap above it is cut to what the limit holds
 
 
+# --- weights alone over the limit: refused before loading -----------------------------------------
+
+
+@pytest.mark.parametrize("arch,tied", [("llama", False), ("llama", True), ("qwen2", False), ("gemma", True)])
+def test_weight_estimate_is_what_loading_allocates(tmp_path, arch, tied):
+    """From config.json alone, the bytes module_bytes() counts once the model is loaded, for every dtype
+    and encoding (tied weights once, biases, the shared rope table, packed int8/int4 layers)."""
+    build_tiny_model(tmp_path, arch, with_tokenizer=False, tie_word_embeddings=tied)
+    cfg = ArchConfig.from_directory(tmp_path)
+    for dtype in (torch.float32, torch.bfloat16):
+        loaded = factory.load_decoder(tmp_path, dtype)
+        assert estimate_weight_bytes(cfg, dtype) == module_bytes(loaded), dtype
+    for encoding, group in (("int8", 64), ("int4", 64), ("int4", 32)):
+        model = quantize_model(factory.load_decoder(tmp_path, torch.bfloat16), encoding, group)
+        packed = estimate_weight_bytes(cfg, torch.bfloat16, encoding, group, float_linears=False)
+        assert packed == module_bytes(model), (encoding, group)
+        # The first load of a checkpoint without a GGUF or packed cache reads the float linears first.
+        assert estimate_weight_bytes(cfg, torch.bfloat16, encoding, group) == estimate_weight_bytes(
+            cfg, torch.bfloat16
+        )
+
+
+@pytest.fixture
+def no_weight_reads(monkeypatch):
+    """Fail the test if the loader reads a weight."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a weight was read before the memory check")
+
+    monkeypatch.setattr(factory, "load_safetensors_weights", refuse)
+
+
+def test_weights_over_the_limit_refuse_before_loading(tiny_llama_dir, fake_cgroup, no_weight_reads):
+    weights = estimate_weight_bytes(ArchConfig.from_directory(tiny_llama_dir), torch.float32)
+    fake_cgroup(2 * weights - 4096)  # utilization 0.5 (in _pool): the budget is 2 KiB short
+    with pytest.raises(InsufficientMemoryError) as info:
+        _pool(tiny_llama_dir, max_kv_cache_tokens=4096)
+    message = str(info.value)
+    assert message.startswith("the model does not fit: its weights need 0.6 MiB, over 0.50 x")
+    assert "container memory limit" in message and "refusing before loading them" in message
+    assert "\n" not in message
+
+
+def test_weights_that_fit_pass_the_check_exactly(tiny_llama_dir, fake_cgroup):
+    """At the budget the pre-load check passes (it is exact, not a margin); the KV planner, which also
+    counts activations, is what refuses such a limit."""
+    weights = estimate_weight_bytes(ArchConfig.from_directory(tiny_llama_dir), torch.float32)
+    fake_cgroup(2 * weights)
+    with pytest.raises(InsufficientMemoryError, match="peak activations leaves nothing for the KV cache"):
+        _pool(tiny_llama_dir, max_kv_cache_tokens=4096)
+
+
+def test_draft_weights_count_on_top_of_the_loaded_target(tiny_llama_dir, tiny_draft_dir, fake_cgroup):
+    cfg = ArchConfig.from_directory(tiny_llama_dir)
+    target = estimate_weight_bytes(cfg, torch.float32)
+    draft = estimate_weight_bytes(ArchConfig.from_directory(tiny_draft_dir), torch.float32)
+    fake_cgroup(2 * target + draft)  # the target fits (budget = target + draft / 2), both do not
+    with pytest.raises(InsufficientMemoryError) as info:
+        _pool(
+            tiny_llama_dir,
+            max_kv_cache_tokens=4096,
+            speculative_method="draft_model",
+            draft_model_path=str(tiny_draft_dir),
+            num_speculative_tokens=2,
+        )
+    assert "the draft model's weights need 0.6 MiB on top of 0.6 MiB already loaded" in str(info.value)
+
+
 def test_model_that_cannot_fit_refuses_to_start(tiny_llama_dir, fake_cgroup):
     fake_cgroup(64 * MiB)  # below the activation estimate's own slack
     with pytest.raises(InsufficientMemoryError, match="the model does not fit.*container memory limit"):
         _pool(tiny_llama_dir, max_kv_cache_tokens=4096)
 
 
-def test_serve_refuses_with_one_line_under_a_small_limit(tiny_llama_dir, tmp_path):
-    """The real CLI in a fresh process whose cgroup root is a fake tree with a 64 MiB memory.max."""
+@pytest.mark.parametrize(
+    "limit,says",
+    [
+        (64 * MiB, "leaves nothing for the KV cache"),  # weights fit, activations do not: the KV planner
+        (256 << 10, "refusing before loading them"),  # the weights alone (0.6 MiB) do not: before loading
+    ],
+)
+def test_serve_refuses_with_one_line_under_a_small_limit(tiny_llama_dir, tmp_path, limit, says):
+    """The real CLI in a fresh process whose cgroup root is a fake tree with a small memory.max."""
     root = tmp_path / "cgroup"
-    write(root / "memory.max", f"{64 * MiB}\n")
+    write(root / "memory.max", f"{limit}\n")
     proc = own(tmp_path, "0::/\n")
     script = textwrap.dedent(
         f"""
@@ -152,3 +231,4 @@ def test_serve_refuses_with_one_line_under_a_small_limit(tiny_llama_dir, tmp_pat
     errors = [line for line in out.stderr.splitlines() if line.startswith("specserve: error:")]
     assert len(errors) == 1 and "Traceback" not in out.stderr
     assert "the model does not fit" in errors[0] and str(root / "memory.max") in errors[0]
+    assert says in errors[0]

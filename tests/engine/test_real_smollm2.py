@@ -7,9 +7,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specserve.engine.attention import AttentionMetadata
+from specserve.engine.builder import load_model
+from specserve.engine.config import ModelSpec
+from specserve.engine.memory import module_bytes
+from specserve.engine.models.arch import ArchConfig
 from specserve.engine.models.factory import load_decoder
 from specserve.engine.models.loader import resolve_model
 from specserve.engine.tokenizer import Tokenizer
+from specserve.engine.weight_size import estimate_weight_bytes
 
 
 @pytest.fixture(scope="module")
@@ -39,3 +44,13 @@ def test_logits_match_transformers(smollm2_f32):
 def test_smollm2_stop_tokens(smollm2_f32):
     tok = Tokenizer(smollm2_f32.directory)
     assert tok.hf.convert_tokens_to_ids("<|im_end|>") in tok.eos_token_ids
+
+
+def test_preload_estimate_is_the_loaded_size(smollm2_f32):
+    """The start-up memory check's estimate (config only, before loading) is exactly what the loaded
+    embedded model holds, and the check lets it load under the default budget."""
+    loaded = load_model(
+        ModelSpec(model_path=None, quantization_encoding="float32"), None, memory_utilization=0.9
+    )
+    estimate = estimate_weight_bytes(ArchConfig.from_directory(smollm2_f32.directory), torch.float32)
+    assert estimate == module_bytes(loaded.model)

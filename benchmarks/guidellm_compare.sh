@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# guidellm (the vLLM project's load generator) against a running specserve server: speculation as the
+# server runs it (its default policy) vs speculation off per request, interleaved level by level.
+#
+# guidellm needs its own virtualenv: it requires an unpinned torch, which would replace our pinned
+# CPU wheel (torch==2.13.0) if installed next to specserve:
+#     python -m venv /tmp/gl && /tmp/gl/bin/pip install guidellm
+#
+# Usage: GUIDELLM=/tmp/gl/bin/guidellm TARGET=http://127.0.0.1:8011 MODEL=smollm2 \
+#            TOKENIZER=/path/to/hf/dir OUT=docs/bench/issue20-guidellm benchmarks/guidellm_compare.sh
+# Optional: LEVELS="1 4 16", PROMPT_TOKENS=256, OUTPUT_TOKENS=64, REQUESTS_PER_STREAM=3.
+set -euo pipefail
+: "${GUIDELLM:?path to the guidellm executable}" "${TARGET:?server URL}" "${MODEL:?served model name}"
+: "${TOKENIZER:?HF tokenizer dir or id for the synthetic data}" "${OUT:?output directory}"
+LEVELS=${LEVELS:-"1 4 16"}
+PROMPT_TOKENS=${PROMPT_TOKENS:-256}
+OUTPUT_TOKENS=${OUTPUT_TOKENS:-64}
+REQUESTS_PER_STREAM=${REQUESTS_PER_STREAM:-3}
+mkdir -p "$OUT"
+
+run() {  # $1 level, $2 arm name, $3 the request body's "speculative" object
+    local level=$1 arm=$2 spec=$3
+    local count=$((level * REQUESTS_PER_STREAM))
+    "$GUIDELLM" run \
+        --backend "{\"kind\":\"openai_http\",\"target\":\"$TARGET\",\"model\":\"$MODEL\",\"extras\":{\"body\":{\"speculative\":$spec}}}" \
+        --profile "{\"kind\":\"concurrent\",\"streams\":[$level]}" \
+        --data "{\"kind\":\"synthetic_text\",\"prompt_tokens\":$PROMPT_TOKENS,\"output_tokens\":$OUTPUT_TOKENS}" \
+        --tokenizer "{\"kind\":\"huggingface_auto\",\"model\":\"$TOKENIZER\"}" \
+        --constraint "{\"kind\":\"max_requests\",\"count\":$count}" \
+        --output "{\"kind\":\"json\",\"path\":\"$OUT/c$level-$arm.json\"}" \
+        --output "{\"kind\":\"console\"}" \
+        --disable-progress >"$OUT/c$level-$arm.txt" 2>&1
+}
+
+i=0
+for level in $LEVELS; do
+    # Alternate which arm goes first from one level to the next (the machine's speed drifts).
+    if ((i % 2 == 0)); then
+        run "$level" default '{}'
+        run "$level" off '{"enabled":false}'
+    else
+        run "$level" off '{"enabled":false}'
+        run "$level" default '{}'
+    fi
+    i=$((i + 1))
+done
+echo "wrote $OUT"

@@ -42,7 +42,15 @@ def test_scheduling_modules_import_no_torch():
     import specserve.engine.scheduler as scheduler_module
 
     engine_dir = Path(scheduler_module.__file__).parent
-    for name in ["scheduler", "kv_cache_manager", "block_pool", "request", "stats", "sampling_params"]:
+    for name in [
+        "scheduler",
+        "spec_controller",
+        "kv_cache_manager",
+        "block_pool",
+        "request",
+        "stats",
+        "sampling_params",
+    ]:
         tree = ast.parse((engine_dir / f"{name}.py").read_text())
         imported = {
             alias.name.split(".")[0]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 from . import stats as st
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                         "tokens": list(out.token_ids),
                         "mean_k": s.mean_k,
                         "acceptance_rate": s.acceptance_rate if s.num_draft_tokens else None,
-                        "k_histogram": _histogram(events.chosen_k),
+                        "k_histogram": {str(k): n for k, n in Counter(events.chosen_k).items()},
                         "forward_costs": events.forward_costs if arm.name == "adaptive" else [],
                     }
                 )
@@ -134,13 +135,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     )
     report["results"] = results
     return report
-
-
-def _histogram(ks: list[int]) -> dict[str, int]:
-    hist: dict[str, int] = {}
-    for k in ks:
-        hist[str(k)] = hist.get(str(k), 0) + 1
-    return hist
 
 
 def summarize(results: list[dict[str, Any]], sweep: list[int]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from .config import EngineConfig
 from .cost_profile import profile_forward_cost
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache_manager import KVCacheManager
+from .memory import module_bytes
 from .outputs import RequestOutput, TokenLogprob
 from .proposal_check import check_proposal
 from .proposer import ProposalRequest, Proposals
@@ -109,8 +110,7 @@ class EngineCore:
         curve = profile_forward_cost(
             self.model, self.kv_cache, self.config.block_size, self.num_blocks, self.device, max_rows
         )
-        target_bytes = max(1, sum(p.numel() * p.element_size() for p in self.model.parameters()))
-        ratio = self.proposer.weight_bytes() / target_bytes
+        ratio = self.proposer.weight_bytes() / max(1, module_bytes(self.model))
         return SpeculationController(k_max, StepCostModel(curve, draft_cost_ratio=ratio))
 
     # --- requests ------------------------------------------------------------------------------

@@ -50,7 +50,6 @@ class HybridProposer(Proposer):
         self.needs_hidden_states = any(p.needs_hidden_states for p in proposers)
         self._global = [INITIAL_ACCEPTANCE] * len(proposers)
         self._requests: dict[str, _RequestChoice] = {}
-        self.num_drafts_by_proposer = [0] * len(proposers)  # verifications each proposer served
 
     def _rate(self, choice: _RequestChoice, index: int) -> float:
         return choice.rates.get(index, self._global[index])
@@ -86,7 +85,6 @@ class HybridProposer(Proposer):
                 token_ids[i] = drafts
                 probs[i] = result.probs[row] if result.probs else None
                 choice.proposer, choice.num_drafts = index, len(drafts)
-                self.num_drafts_by_proposer[index] += 1
             pending = still
         for i in pending:
             self._requests[batch[i].request.request_id].proposer = -1

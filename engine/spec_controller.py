@@ -266,15 +266,15 @@ class SpeculationController:
 
         best = goodput(tokens, gain, max_steps, drafting)
         no_adaptive_drafts, best_n = best, 0
-        taken: dict[str, int] = {}
+        drafting_adaptive: set[str] = set()
         for n, (p, j, rid) in enumerate(slots, start=1):
             if tokens >= budget:
                 break
             tokens += 1
             gain += p
-            if rid not in taken and k[rid] == 0:
+            if rid not in drafting_adaptive:  # static requests are never in `slots`
                 drafting += 1
-            taken[rid] = j + 1
+            drafting_adaptive.add(rid)
             max_steps = max(max_steps, j + 1)
             g = goodput(tokens, gain, max_steps, drafting)
             if g > best:

@@ -7,6 +7,7 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 import time
 from typing import Any
 
@@ -17,18 +18,23 @@ from specserve import __version__
 from specserve.engine.async_engine import AsyncEngine
 
 from .errors import ApiError, error_response
+from .field_policy import CHAT_FIELDS, COMPLETION_FIELDS, EndpointFields, IgnoredFieldLog
 from .logs import access_middleware, add_request_id_header
 from .metrics import CONTENT_TYPE, MetricsExporter
 from .openai_serving import OpenAIServing
 from .openapi import openapi_document
 from .protocol import ChatCompletionRequest, CompletionRequest
+from .tokenization import DETOKENIZE_FIELDS, DetokenizeRequest, Tokenization, check_model, tokenize_variant
 
 logger = logging.getLogger("specserve.api")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 ENGINE_KEY = web.AppKey("engine", AsyncEngine)
 SERVING_KEY = web.AppKey("serving", OpenAIServing)
 METRICS_KEY = web.AppKey("metrics", MetricsExporter)
 OPTIONS_KEY = web.AppKey("options", dict)
+TOKENIZATION_KEY = web.AppKey("tokenization", Tokenization)
+IGNORED_FIELDS_KEY = web.AppKey("ignored_fields", IgnoredFieldLog)
 
 
 @web.middleware
@@ -69,7 +75,7 @@ def auth_middleware(api_key: str | None, open_paths: set[str]):
     return check
 
 
-async def _read_json(request: web.Request, model: type[BaseModel]) -> Any:
+async def _read_body(request: web.Request) -> dict[str, Any]:
     timeout = request.app[OPTIONS_KEY]["read_timeout"]
     try:
         raw = await asyncio.wait_for(request.read(), timeout)
@@ -86,41 +92,74 @@ async def _read_json(request: web.Request, model: type[BaseModel]) -> Any:
         raise ApiError(400, f"invalid JSON body: {str(exc)[:200]}") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(raw):
+        # JSON can escape a lone UTF-16 surrogate, which is no Unicode text: tokenizers fail on it later.
+        try:
+            json.dumps(data, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise ApiError(400, "the body holds a lone UTF-16 surrogate escape (\\ud800-\\udfff)") from None
+    return data
+
+
+def _validate(
+    request: web.Request, data: dict[str, Any], model: type[BaseModel], fields: EndpointFields
+) -> Any:
+    """Refused fields first (a 400 naming them), then the model; fields with no effect are logged."""
+    ignored = fields.check(data)
     try:
-        return model.model_validate(data)
+        body = model.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         param = ".".join(str(x) for x in err.get("loc", ())) or None
         raise ApiError(400, f"{param}: {err['msg']}" if param else err["msg"], param) from None
     except RecursionError:
         raise ApiError(400, "the request body is nested too deeply") from None
+    request.app[IGNORED_FIELDS_KEY].warn(request.path, ignored)
+    return body
+
+
+async def _read_json(request: web.Request, model: type[BaseModel], fields: EndpointFields) -> Any:
+    return _validate(request, await _read_body(request), model, fields)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    body = await _read_json(request, ChatCompletionRequest)
+    body = await _read_json(request, ChatCompletionRequest, CHAT_FIELDS)
     return await request.app[SERVING_KEY].chat(request, body)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    body = await _read_json(request, CompletionRequest)
+    body = await _read_json(request, CompletionRequest, COMPLETION_FIELDS)
     return await request.app[SERVING_KEY].completions(request, body)
 
 
+async def tokenize(request: web.Request) -> web.Response:
+    data = await _read_body(request)
+    model, fields = tokenize_variant(data)
+    body = _validate(request, data, model, fields)
+    return web.json_response(request.app[TOKENIZATION_KEY].tokenize(body))
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    body = await _read_json(request, DetokenizeRequest, DETOKENIZE_FIELDS)
+    return web.json_response(request.app[TOKENIZATION_KEY].detokenize(body))
+
+
+def _model_card(request: web.Request) -> dict[str, Any]:
+    return {
+        "id": request.app[SERVING_KEY].model_name,
+        "object": "model",
+        "created": request.app[OPTIONS_KEY]["started"],
+        "owned_by": "specserve",
+    }
+
+
 async def models(request: web.Request) -> web.Response:
-    serving = request.app[SERVING_KEY]
-    return web.json_response(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "id": serving.model_name,
-                    "object": "model",
-                    "created": request.app[OPTIONS_KEY]["started"],
-                    "owned_by": "specserve",
-                }
-            ],
-        }
-    )
+    return web.json_response({"object": "list", "data": [_model_card(request)]})
+
+
+async def model(request: web.Request) -> web.Response:
+    check_model(request.match_info["model_id"], request.app[SERVING_KEY].model_name)
+    return web.json_response(_model_card(request))
 
 
 async def health(request: web.Request) -> web.Response:
@@ -155,6 +194,7 @@ def build_app(
     read_timeout: float = 30.0,
     log_stats_interval: float = 10.0,
     access_log: bool = True,
+    max_model_len: int,  # the engine's max sequence length (prompt + output), for /tokenize
 ) -> web.Application:
     app = web.Application(
         middlewares=[
@@ -170,6 +210,8 @@ def build_app(
     app[SERVING_KEY] = OpenAIServing(engine, model_name, engine.tokenizer, max_waiting)
     app[METRICS_KEY] = exporter
     app[OPTIONS_KEY] = {"read_timeout": read_timeout, "started": int(time.time())}
+    app[TOKENIZATION_KEY] = Tokenization(engine.tokenizer, model_name, max_model_len)
+    app[IGNORED_FIELDS_KEY] = IgnoredFieldLog()
 
     def on_step() -> None:
         snapshot = engine.snapshot()
@@ -180,6 +222,9 @@ def build_app(
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model_id:.+}", model)  # ids may hold '/': Qwen/Qwen2.5-Coder-1.5B
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .protocol import ChatCompletionRequest, CompletionRequest
+from .tokenization import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
 
 _ERROR = {
     "type": "object",
@@ -24,6 +25,33 @@ _ERROR = {
 }
 
 
+_MODEL = {
+    "type": "object",
+    "required": ["id", "object", "created", "owned_by"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "model"},
+        "created": {"type": "integer"},
+        "owned_by": {"type": "string"},
+    },
+}
+_TOKENIZE_RESPONSE = {
+    "type": "object",
+    "required": ["count", "max_model_len", "tokens", "token_strs"],
+    "properties": {
+        "count": {"type": "integer"},
+        "max_model_len": {"type": "integer"},
+        "tokens": {"type": "array", "items": {"type": "integer"}},
+        "token_strs": {"type": ["array", "null"], "items": {"type": "string"}},
+    },
+}
+_DETOKENIZE_RESPONSE = {
+    "type": "object",
+    "required": ["prompt"],
+    "properties": {"prompt": {"type": "string"}},
+}
+
+
 def _schema(model) -> tuple[dict[str, Any], dict[str, Any]]:
     schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
     defs = schema.pop("$defs", {})
@@ -40,8 +68,51 @@ def _errors(*codes: int) -> dict[str, Any]:
     }
 
 
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _tokenize_paths(components: dict[str, Any]) -> dict[str, Any]:
+    for model in (TokenizeCompletionRequest, TokenizeChatRequest, DetokenizeRequest):
+        schema, defs = _schema(model)
+        components.update(defs)
+        components[model.__name__] = schema
+    components["TokenizeResponse"] = _TOKENIZE_RESPONSE
+    components["DetokenizeResponse"] = _DETOKENIZE_RESPONSE
+    request_errors = _errors(400, 401, 404, 408, 413, 415)
+    tokenize_body = {"oneOf": [_ref("TokenizeCompletionRequest"), _ref("TokenizeChatRequest")]}
+    return {
+        "/tokenize": {
+            "post": {
+                "summary": "Token ids of a prompt, or of chat messages rendered with the chat template",
+                "operationId": "Tokenize",
+                "requestBody": {"required": True, **_json(tokenize_body)},
+                "responses": {
+                    "200": {"description": "the token ids", **_json(_ref("TokenizeResponse"))},
+                    **request_errors,
+                },
+            }
+        },
+        "/detokenize": {
+            "post": {
+                "summary": "The text of a list of token ids",
+                "operationId": "Detokenize",
+                "requestBody": {"required": True, **_json(_ref("DetokenizeRequest"))},
+                "responses": {
+                    "200": {"description": "the text", **_json(_ref("DetokenizeResponse"))},
+                    **request_errors,
+                },
+            }
+        },
+    }
+
+
 def openapi_document(version: str) -> dict[str, Any]:
-    components: dict[str, Any] = {"Error": _ERROR}
+    components: dict[str, Any] = {"Error": _ERROR, "Model": _MODEL}
     paths: dict[str, Any] = {}
     for path, model, summary in (
         ("/v1/chat/completions", ChatCompletionRequest, "Create a chat completion"),
@@ -80,6 +151,17 @@ def openapi_document(version: str) -> dict[str, Any]:
     }
     for path, summary in simple.items():
         paths[path] = {"get": {"summary": summary, "responses": {"200": {"description": "ok"}}}}
+    paths["/v1/models/{model_id}"] = {
+        "get": {
+            "summary": "One served model (its id may contain '/')",
+            "operationId": "RetrieveModel",
+            "parameters": [
+                {"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}
+            ],
+            "responses": {"200": {"description": "the model", **_json(_ref("Model"))}, **_errors(401, 404)},
+        }
+    }
+    paths.update(_tokenize_paths(components))
     return {
         "openapi": "3.1.0",
         "info": {"title": "specserve", "version": version},

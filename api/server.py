@@ -54,6 +54,7 @@ async def serve(core: EngineCore, settings) -> None:
         read_timeout=settings.request_read_timeout,
         log_stats_interval=settings.log_stats_interval,
         access_log=not settings.no_access_log,
+        max_model_len=core.max_length,
     )
     runner = web.AppRunner(
         app,

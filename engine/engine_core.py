@@ -17,6 +17,7 @@ from .builder import build_proposer, load_model, plan_kv_cache
 from .config import EngineConfig
 from .cost_profile import profile_forward_cost
 from .detokenizer import IncrementalDetokenizer
+from .grammar import MAX_FORCED_TOKENS, GrammarCompiler, GrammarMatcher
 from .kv_cache_manager import KVCacheManager
 from .memory import module_bytes
 from .outputs import RequestOutput, TokenLogprob
@@ -100,6 +101,8 @@ class EngineCore:
         self._states: dict[str, RequestState] = {}  # every request added and not yet finished
         self._seed_source = torch.Generator().manual_seed(config.seed)
         self._pending_outputs: list[RequestOutput] = []
+        # Built in the background now: a structured-output request is the first to need it.
+        self.grammars = GrammarCompiler(self.tokenizer.hf, self.arch.vocab_size, self.tokenizer.eos_token_ids)
 
     def _build_controller(self, k_max: int) -> SpeculationController | None:
         """The adaptive policy's controller, its cost curve profiled now (per-request policies can ask
@@ -139,6 +142,8 @@ class EngineCore:
             prompt_token_ids=list(prompt_token_ids),
             params=params,
             eos_token_ids=self.tokenizer.eos_token_ids,
+            # Compiled here so that a grammar the library rejects is the caller's error, not the step's.
+            grammar=self.grammars.matcher(params.structured_output) if params.structured_output else None,
         )
 
     def add_request(self, request: Request) -> None:
@@ -171,6 +176,7 @@ class EngineCore:
                     request=req,
                     detokenizer=IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, req.params.stop),
                     random=RequestRandom(seed),
+                    grammar=req.grammar,
                 )
                 self.scheduler.add_request(req)
             else:
@@ -269,17 +275,61 @@ class EngineCore:
         if self.proposer is None:
             return {}
         with_hidden = self.proposer.needs_hidden_states
-        batch = [
-            ProposalRequest(
-                s.request,
-                s.num_speculative_tokens,
-                self._states[s.request.request_id].last_hidden if with_hidden else None,
-                self._states[s.request.request_id].random,
+        forced: dict[str, Draft] = {}  # windows the grammar fills on its own: no proposer call
+        batch = []
+        for s in scheduled:
+            if s.num_speculative_tokens <= 0:
+                continue
+            state = self._states[s.request.request_id]
+            if state.grammar is not None and state.forced_next:
+                tokens = state.forced_next[: s.num_speculative_tokens]
+                forced[s.request.request_id] = Draft(tokens, None, num_forced=len(tokens))
+                continue
+            batch.append(
+                ProposalRequest(
+                    s.request,
+                    s.num_speculative_tokens,
+                    state.last_hidden if with_hidden else None,
+                    state.random,
+                )
             )
-            for s in scheduled
-            if s.num_speculative_tokens > 0
-        ]
-        if not batch:
+        drafts = self._proposer_drafts(batch)
+        for p in batch:
+            state = self._states[p.request.request_id]
+            if state.grammar is not None and p.request.request_id in drafts:
+                drafts[p.request.request_id] = self._constrain(
+                    state.grammar, drafts[p.request.request_id], p.num_speculative_tokens
+                )
+        drafts.update(forced)
+        return {rid: d for rid, d in drafts.items() if d.token_ids}
+
+    @staticmethod
+    def _constrain(grammar: GrammarMatcher, draft: Draft, k: int) -> Draft:
+        """Cut a proposal before the first token the grammar forbids (it would be rejected for
+        certain: verifying it would waste a row), then fill the window with forced tokens.
+
+        A cut draft drawn from a real q keeps (token, q) so that the verifier decides that position
+        as the rejection would have; a one-hot draft needs nothing (its rejection draws from p)."""
+        n = grammar.valid_prefix(draft.token_ids)
+        tokens, probs = draft.token_ids[:n], draft.probs[:n] if draft.probs is not None else None
+        cut = None
+        if n < len(draft.token_ids) and draft.probs is not None:
+            q = draft.probs[n]  # [V]
+            if float(q[draft.token_ids[n]]) < 1.0:
+                cut = (draft.token_ids[n], q)
+        if cut is not None:  # the forced token must not replace a residual draw (it is not one-hot p)
+            return Draft(tokens, probs, cut=cut)
+        extra = grammar.forced_after(tokens, min(k - n, MAX_FORCED_TOKENS))
+        if extra and probs is not None:
+            width = max(probs.shape[-1], max(extra) + 1)
+            probs = torch.nn.functional.pad(probs, (0, width - probs.shape[-1]))
+            one_hot = torch.nn.functional.one_hot(torch.tensor(extra), width).to(probs.dtype)
+            probs = torch.cat([probs, one_hot])  # [n + len(extra), V]
+        return Draft(tokens + extra, probs, num_forced=len(extra))
+
+    def _proposer_drafts(self, batch: list[ProposalRequest]) -> dict[str, Draft]:
+        """The proposer's drafts for `batch`, validated; requests that get none are absent."""
+        if not batch or self.proposer is None:
             return {}
         start = time.perf_counter()
         try:
@@ -343,10 +393,41 @@ class EngineCore:
             logits = torch.cat([logits[w.rows] for w in good])  # the verifier wants window-ordered rows
         emitted = verify_windows(
             logits,
-            [Window(w.state.request, w.draft.token_ids, w.draft.probs, w.state.random) for w in good],
+            [
+                Window(
+                    w.state.request,
+                    w.draft.token_ids,
+                    w.draft.probs,
+                    w.state.random,
+                    allowed=self._grammar_masks(w) if w.state.grammar is not None else None,
+                    cut_draft=w.draft.cut,
+                )
+                for w in good
+            ],
         )
         by_window = {id(w): e for w, e in zip(good, emitted, strict=True)}
         return [by_window.get(id(w)) for w in batch.windows]
+
+    def _grammar_masks(self, w: VerificationWindow) -> torch.Tensor:
+        """[k + 1, V] bool. A position where the grammar admits nothing (a dead end) admits EOS
+        instead, so the row stays a distribution and the request stops there (_commit_window)."""
+        grammar = w.state.grammar
+        assert grammar is not None
+        masks = grammar.window_masks(w.draft.token_ids)
+        if grammar.is_dead:
+            masks[:] = False
+        empty = ~masks.any(dim=-1)  # [k + 1]
+        if (grammar.is_dead or bool(empty.any())) and not grammar.dead_end_logged:
+            grammar.dead_end_logged = True
+            logger.warning(
+                "request %s: the grammar admits no continuation (%s); finishing with stop",
+                w.state.request.request_id,
+                grammar.error.splitlines()[0] if grammar.error else "dead end",
+            )
+        if bool(empty.any()):
+            eos = torch.tensor(sorted(self.tokenizer.eos_token_ids), dtype=torch.long)
+            masks[empty.nonzero().squeeze(1).unsqueeze(1), eos.unsqueeze(0)] = True
+        return masks
 
     def _commit(
         self,
@@ -387,19 +468,28 @@ class EngineCore:
     ) -> RequestOutput:
         state, req = w.state, w.state.request
         num_drafts, num_accepted = len(w.draft.token_ids), len(emitted) - 1
+        # The proposer and the controller learn from the proposer's own drafts, not the grammar's.
+        num_proposed = w.draft.num_proposed
+        accepted_proposed = min(num_accepted, num_proposed)
         if self.controller is not None:
-            self.controller.observe_verification(req.request_id, num_drafts, num_accepted)
+            self.controller.observe_verification(req.request_id, num_proposed, accepted_proposed)
         if num_drafts:
             req.spec.record(num_drafts, num_accepted)
             self.stats.spec.record(num_drafts, num_accepted)
             self.stats.events.acceptance_lengths.append(num_accepted + 1)
+            forced_accepted = max(0, num_accepted - num_proposed)
+            req.spec.num_forced_tokens += forced_accepted
+            self.stats.spec.num_forced_tokens += forced_accepted
         # The KV of the accepted drafts is valid; the rest of the window is overwritten later.
         req.num_computed_tokens += num_accepted
         if self.proposer is not None:
-            self.proposer.on_accepted(req, num_accepted)
+            self.proposer.on_accepted(req, accepted_proposed)
             if self.proposer.needs_hidden_states:
                 state.last_hidden = hidden[w.first_row + num_accepted].clone()
         kept, reason = self._append_tokens(state, emitted)
+        if state.grammar is not None and reason is None:
+            state.forced_next = state.grammar.forced_after([], MAX_FORCED_TOKENS)
+            req.num_forced_tokens = len(state.forced_next)
         logprobs = []
         if req.params.logprobs is not None:
             lp = compute_logprobs(logits[w.first_row : w.first_row + len(kept)], kept, req.params.logprobs)
@@ -413,6 +503,22 @@ class EngineCore:
         else:
             self.kv_manager.cache_computed_blocks(req)
         return self._output(req, kept, logprobs, finished=reason is not None)
+
+    @staticmethod
+    def _grammar_stops(state: RequestState, token: int) -> bool:
+        """Consume one emitted token. True when the structured output is complete (only EOS is left:
+        stop here, in every decoding mode alike) or the grammar can go no further (a dead end)."""
+        grammar = state.grammar
+        assert grammar is not None
+        accepted = grammar.commit([token])
+        if not accepted or grammar.is_dead:
+            logger.warning(
+                "request %s: the grammar admits no continuation (%s); finishing with stop",
+                state.request.request_id,
+                grammar.error.splitlines()[0] if grammar.error else "dead end",
+            )
+            return True
+        return grammar.is_finished
 
     def _append_tokens(
         self, state: RequestState, emitted: list[int]
@@ -428,6 +534,8 @@ class EngineCore:
             if token in req.params.stop_token_ids:
                 return kept, FinishReason.STOP
             if not req.params.ignore_eos and token in req.eos_token_ids:
+                return kept, FinishReason.STOP
+            if state.grammar is not None and self._grammar_stops(state, token):
                 return kept, FinishReason.STOP
             if req.max_new_tokens_left(self.max_length) <= 0:
                 return kept, FinishReason.LENGTH

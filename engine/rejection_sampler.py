@@ -58,12 +58,19 @@ def rejection_sample(
     is_greedy: list[bool],
     streams: list[RequestRandom | None],  # per request; None only for greedy requests
     start_positions: list[int],  # per request: output position of p_0 (tokens already generated)
+    cut_drafts: list[tuple[int, torch.Tensor] | None] | None = None,  # per request: (d, q [V]) or None
 ) -> list[list[int]]:
     """Emitted tokens per request: accepted drafts followed by one recovered or bonus token.
 
     Randomness is keyed by output position (random_streams.py): with p0 = start_positions[r], draft
     i is judged at position p0 + i and the recovered or bonus token is drawn at its own position, so
-    what decides position p depends on how p is decided, never on how many draws came before."""
+    what decides position p depends on how p is decided, never on how many draws came before.
+
+    `cut_drafts[r]` = (d, q): the request's drafts were cut before d, a draft drawn from q that the
+    target gives probability 0 (a grammar forbids it). Had d been verified it would have been rejected
+    for certain and the token drawn from norm(max(0, p - q)); so after the kept drafts that residual
+    replaces the bonus draw. Drawing from p there instead would bias the output towards the tokens q
+    favours (q's mass on d is what the residual gives back to them)."""
     target_rows = torch.tensor([0] + num_draft_tokens).add(1).cumsum(0) - 1  # start row of each request
     draft_starts = [0]
     for k in num_draft_tokens:
@@ -116,6 +123,10 @@ def rejection_sample(
                 out.append(rng.sample(recovered, p0 + i, Purpose.SAMPLE))
                 break
         else:
-            out.append(rng.sample(target_probs[start + k], p0 + k, Purpose.SAMPLE))  # bonus (k = 0: plain)
+            final = target_probs[start + k]  # bonus (k = 0: plain)
+            cut = cut_drafts[r] if cut_drafts else None
+            if cut is not None:
+                final = recovered_distribution(final, cut[1], cut[0])
+            out.append(rng.sample(final, p0 + k, Purpose.SAMPLE))
         emitted.append(out)
     return emitted

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from .sampling_params import SamplingParams
 from .stats import SpecDecodingStats
@@ -41,6 +42,10 @@ class Request:
     spec: SpecDecodingStats = field(default_factory=SpecDecodingStats)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    # Structured output: the engine's grammar matcher (engine/grammar.py), opaque to the scheduler,
+    # and how many tokens the grammar forces next (the scheduler reserves draft slots for them).
+    grammar: Any = None
+    num_forced_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 # the CLI spells it --max-num-steps (MAX's flag) or --num-speculative-tokens.
 MAX_NUM_SPECULATIVE_TOKENS = 32
 SPECULATIVE_POLICIES = ("adaptive", "static")
+# What a structured-output constraint is written in (engine/grammar.py compiles each with llguidance).
+GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "lark")
 
 
 class InvalidParameterError(ValueError):
@@ -17,6 +19,17 @@ class InvalidParameterError(ValueError):
     def __init__(self, param: str, message: str):
         super().__init__(message)
         self.param = param
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on the output: a JSON schema (text), any JSON object, a regex or a Lark grammar.
+
+    `param` is the request field it came from (response_format, tool_choice, ...): errors name it."""
+
+    kind: str
+    value: str = ""
+    param: str = "response_format"
 
 
 @dataclass
@@ -41,6 +54,8 @@ class SamplingParams:
     num_speculative_tokens: int | None = None
     # "adaptive" | "static" | None (the engine's --speculative-policy). Static drafts the cap every step.
     speculative_policy: str | None = None
+    # Constrained decoding: every sampled and verified position is masked by this grammar.
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -102,6 +117,11 @@ class SamplingParams:
             self.speculative_policy in (None, *SPECULATIVE_POLICIES),
             "speculative_policy",
             f"speculative policy must be one of {', '.join(SPECULATIVE_POLICIES)}",
+        )
+        check(
+            self.structured_output is None or self.structured_output.kind in GRAMMAR_KINDS,
+            self.structured_output.param if self.structured_output else "response_format",
+            f"structured output must be one of {', '.join(GRAMMAR_KINDS)}",
         )
         check(
             self.seed is None or (isinstance(self.seed, int) and -(2**63) <= self.seed < 2**64),

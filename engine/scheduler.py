@@ -99,14 +99,25 @@ class Scheduler:
         running = [r for r in self.running if r.status == RequestStatus.RUNNING]
         caps = {r.request_id: self.num_speculative_tokens_for(r) for r in running if r.in_decode}
         if self.controller is None or not any(caps.values()):
-            return caps
-        budget = self.config.max_num_batched_tokens
-        base = min(budget, sum(r.num_tokens - r.num_computed_tokens for r in running))
-        candidates = [
-            Candidate(r.request_id, caps[r.request_id], self._is_static(r)) for r in running if r.in_decode
-        ]
-        out.speculation = self.controller.choose(candidates, len(running), base, budget - base)
-        return out.speculation.k
+            plan = dict(caps)
+        else:
+            budget = self.config.max_num_batched_tokens
+            base = min(budget, sum(r.num_tokens - r.num_computed_tokens for r in running))
+            candidates = [
+                Candidate(r.request_id, caps[r.request_id], self._is_static(r))
+                for r in running
+                if r.in_decode
+            ]
+            out.speculation = self.controller.choose(candidates, len(running), base, budget - base)
+            plan = dict(out.speculation.k)
+        # Tokens a grammar forces are free drafts (no proposer runs for them) that are accepted unless
+        # the tokenizer allows another spelling: reserve slots for them whatever the controller chose.
+        for r in running:
+            if r.num_forced_tokens and caps.get(r.request_id):
+                plan[r.request_id] = max(
+                    plan.get(r.request_id, 0), min(r.num_forced_tokens, caps[r.request_id])
+                )
+        return plan
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .detokenizer import IncrementalDetokenizer
+from .grammar import GrammarMatcher
 from .random_streams import RequestRandom
 from .request import Request
 from .runner import SequenceInput
@@ -29,6 +30,8 @@ class RequestState:
     token_times: list[float] = field(default_factory=list)  # monotonic time of each emitted token
     # Target's final hidden state at the row that produced the last token (for needs_hidden_states).
     last_hidden: torch.Tensor | None = None  # [hidden]
+    grammar: GrammarMatcher | None = None  # structured output: the grammar after the committed output
+    forced_next: list[int] = field(default_factory=list)  # tokens the grammar forces next (free drafts)
 
 
 @dataclass
@@ -37,6 +40,12 @@ class Draft:
 
     token_ids: list[int]
     probs: torch.Tensor | None  # [len(token_ids), V] or None (one-hot)
+    num_forced: int = 0  # the last num_forced tokens were forced by the grammar, not proposed
+    cut: tuple[int, torch.Tensor] | None = None  # (first forbidden draft, its q row [V]): verifier.py
+
+    @property
+    def num_proposed(self) -> int:
+        return len(self.token_ids) - self.num_forced
 
 
 @dataclass

@@ -97,10 +97,22 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=True))
 
-    def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
+    @property
+    def chat_template(self) -> str:
+        template = getattr(self.hf, "chat_template", None) or ""
+        return template if isinstance(template, str) else json.dumps(template)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         if not self.has_chat_template:
             raise ValueError("this model has no chat template; use a plain prompt")
-        ids: Any = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids: Any = self.hf.apply_chat_template(
+            messages,
+            tools=list(tools) if tools else None,
+            add_generation_prompt=True,
+            tokenize=True,
+        )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in newer transformers
             ids = ids["input_ids"]
         return list(ids)

@@ -3,6 +3,12 @@
 For a request with drafts d_1..d_k, the target ran over [last, d_1..d_k] and returned k+1 logit rows.
 Row i is processed (bias, penalties, temperature, top-k/p, min-p) with d_1..d_i counted as output
 tokens, exactly as plain decoding would have processed it had it produced d_1..d_i itself.
+
+Structured output: a constrained request brings one grammar mask per row (the grammar state after
+d_1..d_i); forbidden tokens get -inf after the penalties, so every row is the constrained target's
+distribution, the same one plain constrained decoding samples from. Its drafts were cut before the
+first token the grammar forbids (engine/grammar.py); when that token came with a q, the cut position
+is decided as its rejection would have been (see rejection_sample's `cut_drafts`).
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ class Window:
     draft_token_ids: list[int]
     draft_probs: torch.Tensor | None  # [k, V] or None (one-hot drafts)
     random: RequestRandom | None  # the request's keyed streams (None only for greedy requests)
+    allowed: torch.Tensor | None = None  # [k + 1, V] bool grammar mask per row, or None (unconstrained)
+    # The first draft the grammar forbade and its q row [V], when drafts were cut there (see above).
+    cut_draft: tuple[int, torch.Tensor] | None = None
 
 
 def verify_windows(logits: torch.Tensor, windows: list[Window]) -> list[list[int]]:
@@ -36,6 +45,7 @@ def verify_windows(logits: torch.Tensor, windows: list[Window]) -> list[list[int
                 RowContext(w.request.params, w.request.prompt_token_ids, base + w.draft_token_ids[:i])
             )
     processed = apply_penalties_and_bias(logits, rows)
+    _apply_grammar_masks(processed, windows)
     probs = logits_to_probs(processed, [r.params for r in rows])  # [N, V]
     draft_ids = torch.tensor([t for w in windows for t in w.draft_token_ids], dtype=torch.long)
     any_probs = any(w.draft_probs is not None for w in windows)
@@ -60,7 +70,23 @@ def verify_windows(logits: torch.Tensor, windows: list[Window]) -> list[list[int
         [w.random for w in windows],
         # The window's first token lands at output position len(output) (the drafts follow it).
         [len(w.request.output_token_ids) for w in windows],
+        cut_drafts=[
+            (w.cut_draft[0], _fit_vocab(w.cut_draft[1].float().unsqueeze(0), vocab)[0])
+            if w.cut_draft
+            else None
+            for w in windows
+        ],
     )
+
+
+def _apply_grammar_masks(processed: torch.Tensor, windows: list[Window]) -> None:
+    """processed: [N, V] (in place). Forbidden tokens -> -inf, after the penalties' clamp to finite."""
+    row = 0
+    for w in windows:
+        n = len(w.draft_token_ids) + 1
+        if w.allowed is not None:
+            processed[row : row + n].masked_fill_(~w.allowed[:, : processed.shape[-1]], float("-inf"))
+        row += n
 
 
 def _fit_vocab(probs: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -556,6 +556,8 @@ class EngineCore:
         self.stats.request_success[reason.value] += 1
         self.stats.prompt_tokens += len(req.prompt_token_ids)
         state = self._states.get(req.request_id)
+        if state is not None and state.grammar is not None:
+            self.stats.spec.grammar_seconds += state.grammar.seconds
         times = state.token_times if state else []
         now = time.monotonic()
         scheduled = req.first_scheduled_time or now

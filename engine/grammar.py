@@ -17,6 +17,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
+from collections.abc import Callable
+from functools import wraps
 from typing import Any
 
 import numpy as np
@@ -103,6 +106,20 @@ class GrammarCompiler:
         return GrammarMatcher(matcher, self.vocab_size)
 
 
+def _timed(method: Callable) -> Callable:
+    """Add the call's duration to the matcher's `seconds` (what structured output costs a request)."""
+
+    @wraps(method)
+    def run(self: GrammarMatcher, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    return run
+
+
 class GrammarMatcher:
     """The grammar state after a request's committed output."""
 
@@ -110,6 +127,7 @@ class GrammarMatcher:
         self._m = matcher
         self.vocab_size = vocab_size
         self.dead_end_logged = False
+        self.seconds = 0.0  # time spent in masks, draft checks and commits (the mask's cost per step)
 
     @property
     def is_dead(self) -> bool:
@@ -124,6 +142,7 @@ class GrammarMatcher:
     def error(self) -> str:
         return self._m.get_error()
 
+    @_timed
     def allowed(self) -> torch.Tensor:
         """[V] bool: the tokens the grammar admits next (columns past the tokenizer's are False)."""
         bits = np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8)
@@ -132,6 +151,7 @@ class GrammarMatcher:
         out[: mask.shape[0]] = torch.from_numpy(mask.astype(bool))
         return out
 
+    @_timed
     def window_masks(self, drafts: list[int]) -> torch.Tensor:
         """[len(drafts) + 1, V] bool: the mask at each position of a verification window whose drafts
         the grammar admits (valid_prefix), computed by consuming them tentatively and rolling back."""
@@ -148,10 +168,12 @@ class GrammarMatcher:
             rows.append(rows[-1])
         return torch.stack(rows)
 
+    @_timed
     def valid_prefix(self, tokens: list[int]) -> int:
         """How many leading tokens the grammar admits from the committed state."""
         return int(self._m.validate_tokens(tokens)) if tokens else 0
 
+    @_timed
     def forced_after(self, prefix: list[int], limit: int) -> list[int]:
         """Tokens the grammar forces after `prefix` (which it must admit), at most `limit`."""
         if limit <= 0:
@@ -163,6 +185,7 @@ class GrammarMatcher:
             self._m.rollback(len(prefix))
         return forced
 
+    @_timed
     def commit(self, tokens: list[int]) -> bool:
         """Consume emitted tokens; False when the grammar rejects one (then it is dead)."""
         return bool(self._m.consume_tokens(tokens)) if tokens else True

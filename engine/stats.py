@@ -38,6 +38,7 @@ class SpecDecodingStats:
     proposer_errors: int = 0
     # Drafts a grammar forced (structured output) that were accepted; also counted in the totals above.
     num_forced_tokens: int = 0
+    grammar_seconds: float = 0.0  # structured output: masks, draft checks, commits (finished requests)
     # k the scheduler gave decoding requests (0 included): how much the controller let them draft.
     num_k_decisions: int = 0
     sum_k: int = 0

@@ -10,6 +10,12 @@ Methods (all on the same prompt token ids, same dtype, same max new tokens):
   llama.cpp:plain            llama-cpp-python on the target's GGUF (when importable and the target
                              comes from a GGUF); its weights are the GGUF's quantized ones
 
+With --response-format json_object / json_schema every prompt also asks for JSON (response_format.py
+hands out the schemas) and the specserve methods decode under that grammar; transformers and llama.cpp
+cannot be constrained and are refused. The report then says per method how many outputs validate, how
+many hit the length limit, how many tokens the grammar forced (free drafts) and what share of the
+generation time the grammar matcher took.
+
 Runs are interleaved (for each repeat, for each prompt, every method in a rotated order) after a warm-up,
 so every speedup is a median of ratios between neighbouring measurements of the same prompt.
 The run is: methods -> arms (`build_setup`) -> the harness's rounds (`measure`) -> rows and summary ->
@@ -19,8 +25,10 @@ latency.json / latency.md / plots (latency_report).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +37,7 @@ from typing import Any
 from specserve.engine.stats import per_position_acceptance
 
 from . import latency_report, llama_cpp_peer
+from . import response_format as rf
 from . import stats as st
 from .common import progress
 from .harness import Arm, add_output_args, envelope, keyed, output_dir, print_report, rounds, write_report
@@ -46,7 +55,8 @@ from .runners import (
     TransformersRunner,
 )
 
-SCHEMA = "specserve.bench.latency/1"
+# /2: --response-format (config.response_format, per-run JSON validity and grammar time, summary "structured").
+SCHEMA = "specserve.bench.latency/2"
 ALL_METHODS = (SS_PLAIN, SS_NGRAM, SS_DRAFT, HF_PLAIN, HF_ASSISTED, HF_LOOKUP, LC_PLAIN)
 SHORT = {
     "plain": SS_PLAIN,
@@ -131,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--prompts-per-category", type=int, default=None, help="first N prompts of each category")
     r.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per request")
     r.add_argument(
+        "--response-format",
+        choices=rf.RESPONSE_FORMATS,
+        default="text",
+        help="json_object / json_schema: each prompt asks for JSON (a schema from prompts/json_schemas.json, "
+        "cycled by prompt index) and specserve decodes under that grammar; specserve methods only",
+    )
+    r.add_argument(
         "--respect-eos",
         action="store_true",
         help="stop at EOS (default: ignore EOS so every method generates exactly --max-new-tokens)",
@@ -206,7 +223,21 @@ def _select_methods(args: argparse.Namespace) -> list[str]:
         if args.methods:
             raise SystemExit("specserve bench latency: llama.cpp:plain needs llama-cpp-python")
         out.remove(LC_PLAIN)
+    if args.response_format != "text":
+        unconstrained = [m for m in out if not m.startswith("specserve:")]
+        if unconstrained and args.methods:
+            _usage_error(
+                f"{', '.join(unconstrained)} cannot constrain output: "
+                f"--response-format {args.response_format} needs specserve methods only"
+            )
+        out = [m for m in out if m.startswith("specserve:")]
     return list(dict.fromkeys(out))
+
+
+def _usage_error(message: str) -> None:
+    """A one-line error and exit status 2, as for a bad command line."""
+    print(f"specserve bench latency: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 # --- arms ----------------------------------------------------------------------------------------------
@@ -357,11 +388,23 @@ class Measured:
     bench_s: float
 
 
+def _constrained(constraints: dict[str, rf.Constraint], prompt: Prompt) -> dict[str, Any]:
+    """The runner's keyword for a prompt's constraint; none at all for text (only specserve's runner
+    takes one, and the other runners only ever run text)."""
+    c = constraints.get(prompt.id)
+    return {"structured_output": c.structured_output()} if c else {}
+
+
 def measure(
-    args: argparse.Namespace, setup: Setup, methods: list[str], work: list[tuple[Prompt, list[int]]]
+    args: argparse.Namespace,
+    setup: Setup,
+    methods: list[str],
+    work: list[tuple[Prompt, list[int]]],
+    constraints: dict[str, rf.Constraint],
 ) -> Measured:
     """Warm every arm up, then the harness's rounds: each repeat, each prompt, every method (rotated);
-    the throughput batch closes each repeat."""
+    the throughput batch closes each repeat. The warm-up is constrained like the timed runs, so the
+    grammar tokenizer (built once per engine, 0.7-3.5 s) is ready before the first timed run."""
     ignore_eos = not args.respect_eos
     total = len(methods) * args.warmup + args.repeats * len(work) * len(methods)
     total += args.repeats if args.throughput_batch > 0 else 0
@@ -370,7 +413,7 @@ def measure(
     warm_tokens = min(args.max_new_tokens, 16)
     for arm in arms:
         for _ in range(args.warmup):
-            arm.runner.run(work[0][1], warm_tokens, ignore_eos)
+            arm.runner.run(work[0][1], warm_tokens, ignore_eos, **_constrained(constraints, work[0][0]))
             bar.update(1)
 
     results: dict[tuple[str, str, int], RunResult] = {}
@@ -380,22 +423,30 @@ def measure(
         prompt, ids = rnd.item
         for arm in rnd.arms:
             bar.set_postfix_str(f"{arm.name} {prompt.id}")
-            results[(arm.name, prompt.id, rnd.repeat)] = arm.runner.run(ids, args.max_new_tokens, ignore_eos)
+            results[(arm.name, prompt.id, rnd.repeat)] = arm.runner.run(
+                ids, args.max_new_tokens, ignore_eos, **_constrained(constraints, prompt)
+            )
             bar.update(1)
         if rnd.last_of_group and args.throughput_batch > 0:
             bar.set_postfix_str(f"specserve:plain batch {args.throughput_batch}")
-            throughput_runs.append(_throughput_run(args, setup, [i for _, i in work], rnd.repeat))
+            throughput_runs.append(_throughput_run(args, setup, work, constraints, rnd.repeat))
             bar.update(1)
     bar.close()
     return Measured(results, throughput_runs, time.perf_counter() - t0)
 
 
 def _throughput_run(
-    args: argparse.Namespace, setup: Setup, encoded: list[list[int]], repeat: int
+    args: argparse.Namespace,
+    setup: Setup,
+    work: list[tuple[Prompt, list[int]]],
+    constraints: dict[str, rf.Constraint],
+    repeat: int,
 ) -> dict[str, Any]:
     assert setup.plain_runner_for_throughput is not None
-    batch = [encoded[i % len(encoded)] for i in range(args.throughput_batch)]
-    n, dt = setup.plain_runner_for_throughput.run_batch(batch, args.max_new_tokens, not args.respect_eos)
+    items = [work[i % len(work)] for i in range(args.throughput_batch)]
+    batch = [ids for _, ids in items]
+    so = [_constrained(constraints, p).get("structured_output") for p, _ in items] if constraints else None
+    n, dt = setup.plain_runner_for_throughput.run_batch(batch, args.max_new_tokens, not args.respect_eos, so)
     return {
         "repeat": repeat,
         "batch": args.throughput_batch,
@@ -406,10 +457,13 @@ def _throughput_run(
 
 
 def run_rows(
-    results: dict[tuple[str, str, int], RunResult], work: list[tuple[Prompt, list[int]]]
+    results: dict[tuple[str, str, int], RunResult],
+    work: list[tuple[Prompt, list[int]]],
+    constraints: dict[str, rf.Constraint] | None = None,
 ) -> list[dict[str, Any]]:
     """One JSON row per run, with greedy identity against the plain run of its own engine family (same
-    prompt, same repeat) and of the other family."""
+    prompt, same repeat) and of the other family; with a constraint, whether the output honours it."""
+    constraints = constraints or {}
     prompts = {p.id: (p, len(ids)) for p, ids in work}
     rows = []
     for (m, pid, rep), res in results.items():
@@ -442,9 +496,23 @@ def run_rows(
                 "spec": res.spec,
                 "draft_s": st.round_or_none(res.draft_s, 5),
                 "verify_s": st.round_or_none(res.verify_s, 5),
+                "finish_reason": res.finish_reason,
+                **_structured_fields(res, constraints.get(pid)),
             }
         )
     return rows
+
+
+def _structured_fields(res: RunResult, constraint: rf.Constraint | None) -> dict[str, Any]:
+    if constraint is None:
+        return {}
+    return {
+        "schema_name": constraint.schema_name,
+        "grammar_s": st.round_or_none(res.grammar_s, 5),
+        "num_forced_tokens": res.spec["num_forced_tokens"] if res.spec else 0,
+        "text": res.text,
+        **rf.check(res.text or "", constraint, res.finish_reason),
+    }
 
 
 # --- summary -----------------------------------------------------------------------------------------------
@@ -506,7 +574,29 @@ def _group_stats(
     total = sum(r["elapsed_s"] for r in rows)
     out["draft_fraction"] = round(sum(draft) / total, 4) if draft and total else None
     out["verify_fraction"] = round(sum(verify) / total, 4) if verify and total else None
+    out["structured"] = _structured_stats(rows)
     return out
+
+
+def _structured_stats(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Constrained runs only: how many outputs validate, hit the length limit, how many tokens the
+    grammar forced per output, and the grammar matcher's share of the generation time."""
+    rows = [r for r in rows if "json_valid" in r]
+    if not rows:
+        return None
+    grammar = [r["grammar_s"] for r in rows if r["grammar_s"] is not None]
+    total = sum(r["elapsed_s"] for r in rows)
+    return {
+        "n": len(rows),
+        "valid_fraction": _fraction([r["json_valid"] for r in rows]),
+        "parses_fraction": _fraction([r["json_parses"] for r in rows]),
+        "num_hit_length": sum(r["hit_length"] for r in rows),
+        "forced_tokens_per_output": st.round_or_none(st.mean(r["num_forced_tokens"] for r in rows)),
+        "mean_generated_tokens": st.round_or_none(st.mean(r["generated_tokens"] for r in rows)),
+        "grammar_s": round(sum(grammar), 4) if grammar else None,
+        # The matcher's time over the whole requests' time (prefill included): its share of a step.
+        "grammar_fraction": round(sum(grammar) / total, 4) if grammar and total else None,
+    }
 
 
 def summarize(
@@ -582,6 +672,7 @@ def _config(
         "ngram_max": args.ngram_max,
         "categories": categories,
         "prompts_per_category": args.prompts_per_category,
+        "response_format": args.response_format,
         "metric": args.metric,
         "plain_engine": args.plain_engine,
         "quick": args.quick,
@@ -599,8 +690,12 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     methods = _select_methods(args)
     if not methods:
         raise SystemExit("specserve bench latency: no methods selected")
+    if args.response_format != "text" and importlib.util.find_spec("jsonschema") is None:
+        _usage_error(f"--response-format {args.response_format} needs jsonschema (pip install jsonschema)")
     categories = parse_categories(args.categories)
     prompts = load_prompts(categories, args.prompts_per_category)
+    constraints = rf.assign(prompts, args.response_format)
+    prompts = [rf.with_instruction(p, constraints.get(p.id)) for p in prompts]
     out_dir = output_dir(args, "latency")
 
     t_setup = time.perf_counter()
@@ -608,12 +703,16 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     methods = [m for m in methods if m not in setup.unavailable]
     if not llama_cpp_peer.available():
         setup.unavailable[LC_PLAIN] = "llama_cpp not importable"
+    if args.response_format != "text":
+        why = f"cannot constrain output (--response-format {args.response_format})"
+        for m in (HF_PLAIN, HF_LOOKUP, *([HF_ASSISTED] if args.draft_model_path else []), LC_PLAIN):
+            setup.unavailable.setdefault(m, why)
     setup_s = time.perf_counter() - t_setup
     work, skipped = _encode_prompts(setup, prompts, args.max_new_tokens)
     categories = [c for c in categories if any(p.category == c for p, _ in work)]
 
-    measured = measure(args, setup, methods, work)
-    runs = run_rows(measured.results, work)
+    measured = measure(args, setup, methods, work, constraints)
+    runs = run_rows(measured.results, work, constraints)
     summary = summarize(runs, methods, categories, args.metric)
     report = {
         **envelope(SCHEMA, "latency", argv),
@@ -621,7 +720,15 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "methods": [{"name": m, "note": setup.arms[m].note} for m in methods],
         "unavailable": setup.unavailable,
         "skipped_prompts": skipped,
-        "prompts": [{"id": p.id, "category": p.category, "prompt_tokens": len(ids)} for p, ids in work],
+        "prompts": [
+            {
+                "id": p.id,
+                "category": p.category,
+                "prompt_tokens": len(ids),
+                **({"schema_name": constraints[p.id].schema_name} if p.id in constraints else {}),
+            }
+            for p, ids in work
+        ],
         "summary": summary,
         "throughput": throughput_summary(args, measured.throughput_runs, runs, summary),
         "runs": runs,

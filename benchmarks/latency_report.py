@@ -17,6 +17,7 @@ def markdown(report: Report) -> str:
     methods = [m["name"] for m in report["methods"]]
     lines = _intro(report)
     lines += [md_table(*_overall_table(report, methods)), ""]
+    lines += _structured_table(report, methods)
     lines += _category_tables(report, methods)
     lines += _position_table(report, methods)
     lines += _throughput(report)
@@ -40,9 +41,24 @@ def _intro(report: Report) -> list[str]:
         + f", {cfg['quantization_encoding']}, batch 1 greedy, {cfg['max_new_tokens']} new tokens"
         f" ({'EOS ignored' if cfg['ignore_eos'] else 'stop at EOS'}), K={cfg['num_speculative_tokens']},"
         f" {cfg['repeats']} interleaved repeats after {cfg['warmup']} warm-up; headline metric: {cfg['metric']} tokens/s;"
-        " speedups are medians of per-(prompt, repeat) ratios.",
+        " speedups are medians of per-(prompt, repeat) ratios."
+        + _format_sentence(cfg.get("response_format", "text")),
         "",
     ]
+
+
+def _format_sentence(response_format: str) -> str:
+    if response_format == "text":
+        return ""
+    what = (
+        "a JSON schema from prompts/json_schemas.json"
+        if response_format == "json_schema"
+        else "a JSON object"
+    )
+    return (
+        f" Response format {response_format}: every prompt asks for {what} and is decoded under its grammar"
+        " (a complete output ends the request, so runs may stop before the token limit)."
+    )
 
 
 def _baselines(methods: list[str]) -> list[str]:
@@ -90,6 +106,51 @@ def _overall_table(report: Report, methods: list[str]) -> tuple[list[str], list[
         row.append("–" if cross is None else f"{fmt(cross * 100, 0)}% of runs")
         rows.append(row)
     return header, rows
+
+
+def _structured_table(report: Report, methods: list[str]) -> list[str]:
+    """Constrained runs: validity, forced tokens and the grammar matcher's share of the time."""
+    summ = report["summary"]
+    shown = [m for m in methods if summ[m]["overall"].get("structured")]
+    if not shown:
+        return []
+    header = [
+        "method",
+        "tok/s",
+        "vs specserve plain",
+        "valid JSON",
+        "hit length limit",
+        "forced tok / output",
+        "tokens / output",
+        "accept rate",
+        "grammar share of time",
+    ]
+    rows = []
+    for m in shown:
+        o = summ[m]["overall"]
+        so, sp = o["structured"], o["spec"]
+        valid = so["valid_fraction"]
+        rows.append(
+            [
+                f"`{m}`",
+                fmt(o["median_tokens_per_s"]),
+                fmt(o.get("speedup_vs_specserve_plain"), 2, "x"),
+                f"{fmt(valid * 100, 0)}% of {so['n']}" if valid is not None else "–",
+                str(so["num_hit_length"]),
+                fmt(so["forced_tokens_per_output"], 1),
+                fmt(so["mean_generated_tokens"], 1),
+                fmt(sp["acceptance_rate"]) if sp else "–",
+                fmt(so["grammar_fraction"] * 100, 1, "%") if so["grammar_fraction"] is not None else "–",
+            ]
+        )
+    return [
+        f"Structured output ({report['config']['response_format']}): valid = parses and validates "
+        "(an output cut by the token limit counts as invalid); grammar share = the matcher's time "
+        "(masks, draft checks, commits) over the requests' total time.",
+        "",
+        md_table(header, rows),
+        "",
+    ]
 
 
 def _categories(report: Report, methods: list[str]) -> list[str]:

@@ -22,6 +22,9 @@ class RunResult:
     spec: dict[str, Any] | None = None
     draft_s: float | None = None
     verify_s: float | None = None
+    text: str | None = None  # specserve only: what --response-format validates
+    finish_reason: str | None = None
+    grammar_s: float | None = None  # structured output: the matcher's time (masks, draft checks, commits)
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -43,7 +46,7 @@ class SpecserveRunner:
         self.llm = llm
         self.speculate = speculate
 
-    def _params(self, max_new_tokens: int, ignore_eos: bool) -> Any:
+    def _params(self, max_new_tokens: int, ignore_eos: bool, structured_output: Any = None) -> Any:
         from specserve.engine import SamplingParams
 
         return SamplingParams(
@@ -51,12 +54,19 @@ class SpecserveRunner:
             temperature=0.0,
             ignore_eos=ignore_eos,
             speculative_enabled=self.speculate,
+            structured_output=structured_output,
         )
 
-    def run(self, ids: list[int], max_new_tokens: int, ignore_eos: bool) -> RunResult:
+    def run(
+        self, ids: list[int], max_new_tokens: int, ignore_eos: bool, structured_output: Any = None
+    ) -> RunResult:
+        """One request; `structured_output` (a StructuredOutput) constrains it. A complete grammar ends
+        the request even with EOS ignored, so constrained runs may generate fewer than max_new_tokens."""
         eng = self.llm.engine.stats.spec
-        d0, v0 = eng.draft_seconds, eng.verify_seconds
-        out = self.llm.generate([ids], self._params(max_new_tokens, ignore_eos))[0]
+        # Engine counters are read before and after: the engine sums a request's grammar time when it
+        # finishes, and runs one request at a time here, so the difference is this request's.
+        d0, v0, g0 = eng.draft_seconds, eng.verify_seconds, eng.grammar_seconds
+        out = self.llm.generate([ids], self._params(max_new_tokens, ignore_eos, structured_output))[0]
         if out.error:
             raise RuntimeError(f"specserve request failed: {out.error}")
         spec = None
@@ -67,6 +77,7 @@ class SpecserveRunner:
                 "num_draft_tokens": s.num_draft_tokens,
                 "num_accepted_tokens": s.num_accepted_tokens,
                 "accepted_per_position": list(s.accepted_per_position),
+                "num_forced_tokens": s.num_forced_tokens,
             }
         return RunResult(
             list(out.token_ids),
@@ -76,11 +87,21 @@ class SpecserveRunner:
             spec,
             eng.draft_seconds - d0 if self.speculate else None,
             eng.verify_seconds - v0 if self.speculate else None,
+            out.text,
+            out.finish_reason,
+            eng.grammar_seconds - g0 if structured_output is not None else None,
         )
 
-    def run_batch(self, batch: list[list[int]], max_new_tokens: int, ignore_eos: bool) -> tuple[int, float]:
-        """(generated tokens, seconds) for prompts submitted together."""
-        params = self._params(max_new_tokens, ignore_eos)
+    def run_batch(
+        self,
+        batch: list[list[int]],
+        max_new_tokens: int,
+        ignore_eos: bool,
+        structured_outputs: list[Any] | None = None,
+    ) -> tuple[int, float]:
+        """(generated tokens, seconds) for prompts submitted together, each with its own constraint."""
+        constraints = structured_outputs or [None] * len(batch)
+        params = [self._params(max_new_tokens, ignore_eos, so) for so in constraints]
         t0 = time.perf_counter()
         outs = self.llm.generate(batch, params)
         return sum(len(o.token_ids) for o in outs), time.perf_counter() - t0

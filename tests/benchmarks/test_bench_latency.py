@@ -7,7 +7,8 @@ import json
 import pytest
 
 from specserve.api import tools
-from specserve.benchmarks import latency
+from specserve.benchmarks import latency, response_format
+from specserve.benchmarks.prompt_sets import Prompt
 
 RUN_KEYS = {
     "method",
@@ -111,6 +112,107 @@ def test_latency_unknown_method_and_missing_draft(tiny_llama_dir, tmp_path):
         latency.main(
             ["--model-path", str(tiny_llama_dir), "--methods", "draft_model", "--output-dir", str(tmp_path)]
         )
+
+
+STRUCTURED_KEYS = {
+    "n",
+    "valid_fraction",
+    "parses_fraction",
+    "num_hit_length",
+    "forced_tokens_per_output",
+    "mean_generated_tokens",
+    "grammar_s",
+    "grammar_fraction",
+}
+
+
+def test_latency_response_format_json_schema(tiny_llama_dir, tmp_path):
+    out = tmp_path / "out"
+    argv = [
+        "--model-path",
+        str(tiny_llama_dir),
+        "--quantization-encoding",
+        "float32",
+        "--response-format",
+        "json_schema",
+        "--methods",
+        "plain,ngram",
+        "--categories",
+        "qa,code",
+        "--prompts-per-category",
+        "1",
+        "--max-new-tokens",
+        "48",
+        "--repeats",
+        "1",
+        "--output-dir",
+        str(out),
+        "--no-progress",
+        "--no-plots",
+    ]
+    assert latency.main(argv) == 0
+    report = json.loads((out / "latency.json").read_text())
+    assert report["schema"] == latency.SCHEMA == "specserve.bench.latency/2"
+    assert report["config"]["response_format"] == "json_schema"
+    # Schemas cycle through the sorted names by prompt index.
+    names = sorted(response_format.load_schemas())
+    assert [p["schema_name"] for p in report["prompts"]] == names[:2]
+    assert "cannot constrain" in report["unavailable"][latency.HF_PLAIN]
+    for run in report["runs"]:
+        assert {"schema_name", "grammar_s", "num_forced_tokens", "json_valid", "hit_length", "text"} <= set(
+            run
+        )
+        assert run["grammar_s"] > 0
+        # The grammar makes every output valid unless the token limit cut it.
+        assert run["json_valid"] or run["hit_length"], run
+    for m in ("specserve:plain", "specserve:ngram"):
+        structured = report["summary"][m]["overall"]["structured"]
+        assert set(structured) == STRUCTURED_KEYS
+        assert 0 < structured["grammar_fraction"] < 1
+    # Forced tokens are free drafts, so only the speculative arm has them; greedy output is unchanged.
+    ngram = report["summary"]["specserve:ngram"]["overall"]
+    assert ngram["structured"]["forced_tokens_per_output"] > 0
+    assert ngram["greedy_identical_to_plain"] is True
+    assert report["summary"]["specserve:plain"]["overall"]["structured"]["forced_tokens_per_output"] == 0
+    assert "valid JSON" in (out / "latency.md").read_text()
+
+
+def test_latency_response_format_refuses_unconstrained_methods(tiny_llama_dir, tmp_path, capsys):
+    argv = ["--model-path", str(tiny_llama_dir), "--output-dir", str(tmp_path), "--response-format"]
+    with pytest.raises(SystemExit) as exc:
+        latency.main([*argv, "json_object", "--methods", "plain,hf_plain"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "transformers:plain cannot constrain output" in err
+
+
+def test_response_format_prompts_and_checks():
+    prompt = Prompt(
+        "chat-1",
+        "multi_turn",
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "list two"},
+        ],
+    )
+    constraint = response_format.assign([prompt], "json_schema")["chat-1"]
+    asked = response_format.with_instruction(prompt, constraint)
+    assert asked.messages[:2] == prompt.messages[:2]  # earlier turns untouched
+    assert prompt.messages[2]["content"] == "list two"  # the original is not mutated
+    assert asked.messages[2]["content"].startswith(
+        "list two\n\nAnswer only with JSON matching this schema: {"
+    )
+    assert response_format.assign([prompt], "text") == {}
+    obj = response_format.Constraint("json_object")
+    assert response_format.check('{"a":1}', obj, "stop")["json_valid"]
+    assert response_format.check("[1]", obj, "stop")["json_error"] == "not an object"
+    cut = response_format.check('{"a":1}', obj, "length")
+    assert cut["json_parses"] and not cut["json_valid"] and cut["hit_length"]
+    schema = response_format.Constraint("json_schema", "s", {"type": "object", "required": ["a"]})
+    bad = response_format.check("{}", schema, "stop")
+    assert bad["json_parses"] and not bad["json_valid"] and bad["json_error"].startswith("schema:")
+    assert response_format.check("{", schema, "stop")["json_error"] == "not JSON"
 
 
 def test_tools_dispatch(capsys):

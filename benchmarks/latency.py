@@ -586,6 +586,8 @@ def _structured_stats(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
     grammar = [r["grammar_s"] for r in rows if r["grammar_s"] is not None]
     total = sum(r["elapsed_s"] for r in rows)
+    # Decode time (after the first token): a long prefill would otherwise dilute the matcher's share.
+    decode = sum(r["elapsed_s"] - r["first_token_s"] for r in rows if r["first_token_s"] is not None)
     return {
         "n": len(rows),
         "valid_fraction": _fraction([r["json_valid"] for r in rows]),
@@ -594,8 +596,9 @@ def _structured_stats(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         "forced_tokens_per_output": st.round_or_none(st.mean(r["num_forced_tokens"] for r in rows)),
         "mean_generated_tokens": st.round_or_none(st.mean(r["generated_tokens"] for r in rows)),
         "grammar_s": round(sum(grammar), 4) if grammar else None,
-        # The matcher's time over the whole requests' time (prefill included): its share of a step.
+        # The matcher's time over the whole requests' time (prefill included), and over decode time.
         "grammar_fraction": round(sum(grammar) / total, 4) if grammar and total else None,
+        "grammar_decode_fraction": round(sum(grammar) / decode, 4) if grammar and decode > 0 else None,
     }
 
 

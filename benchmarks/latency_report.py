@@ -124,6 +124,7 @@ def _structured_table(report: Report, methods: list[str]) -> list[str]:
         "tokens / output",
         "accept rate",
         "grammar share of time",
+        "grammar share of decode time",
     ]
     rows = []
     for m in shown:
@@ -140,17 +141,23 @@ def _structured_table(report: Report, methods: list[str]) -> list[str]:
                 fmt(so["forced_tokens_per_output"], 1),
                 fmt(so["mean_generated_tokens"], 1),
                 fmt(sp["acceptance_rate"]) if sp else "–",
-                fmt(so["grammar_fraction"] * 100, 1, "%") if so["grammar_fraction"] is not None else "–",
+                _percent(so["grammar_fraction"]),
+                _percent(so.get("grammar_decode_fraction")),
             ]
         )
     return [
         f"Structured output ({report['config']['response_format']}): valid = parses and validates "
         "(an output cut by the token limit counts as invalid); grammar share = the matcher's time "
-        "(masks, draft checks, commits) over the requests' total time.",
+        "(masks, draft checks, commits) over the requests' total time, and over their time after the "
+        "first token (decode).",
         "",
         md_table(header, rows),
         "",
     ]
+
+
+def _percent(x: float | None) -> str:
+    return "–" if x is None else fmt(x * 100, 1, "%")
 
 
 def _categories(report: Report, methods: list[str]) -> list[str]:

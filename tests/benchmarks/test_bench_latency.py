@@ -123,6 +123,7 @@ STRUCTURED_KEYS = {
     "mean_generated_tokens",
     "grammar_s",
     "grammar_fraction",
+    "grammar_decode_fraction",
 }
 
 
@@ -168,7 +169,7 @@ def test_latency_response_format_json_schema(tiny_llama_dir, tmp_path):
     for m in ("specserve:plain", "specserve:ngram"):
         structured = report["summary"][m]["overall"]["structured"]
         assert set(structured) == STRUCTURED_KEYS
-        assert 0 < structured["grammar_fraction"] < 1
+        assert 0 < structured["grammar_fraction"] < structured["grammar_decode_fraction"] < 1
     # Forced tokens are free drafts, so only the speculative arm has them; greedy output is unchanged.
     ngram = report["summary"]["specserve:ngram"]["overall"]
     assert ngram["structured"]["forced_tokens_per_output"] > 0

@@ -195,6 +195,7 @@ def build_app(
     log_stats_interval: float = 10.0,
     access_log: bool = True,
     max_model_len: int,  # the engine's max sequence length (prompt + output), for /tokenize
+    tool_call_parser: str = "auto",
 ) -> web.Application:
     app = web.Application(
         middlewares=[
@@ -207,7 +208,7 @@ def build_app(
     app.on_response_prepare.append(add_request_id_header)
     exporter = MetricsExporter(model_name, engine.snapshot())
     app[ENGINE_KEY] = engine
-    app[SERVING_KEY] = OpenAIServing(engine, model_name, engine.tokenizer, max_waiting)
+    app[SERVING_KEY] = OpenAIServing(engine, model_name, engine.tokenizer, max_waiting, tool_call_parser)
     app[METRICS_KEY] = exporter
     app[OPTIONS_KEY] = {"read_timeout": read_timeout, "started": int(time.time())}
     app[TOKENIZATION_KEY] = Tokenization(engine.tokenizer, model_name, max_model_len)

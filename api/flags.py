@@ -186,6 +186,15 @@ SERVE_FLAGS = [
         "comma-separated paths that need no API key",
         "server",
     ),
+    Flag(
+        "tool_call_parser",
+        str,
+        "auto",
+        "how the model writes tool calls: hermes (Qwen2.5, Hermes), llama3_json, mistral, or auto"
+        " (detected from the chat template)",
+        "server",
+        choices=("auto", "hermes", "llama3_json", "mistral"),
+    ),
     Flag("max_request_bytes", int, 1 << 20, "largest accepted request body (413 beyond)", "server"),
     Flag("max_waiting_requests", int, 256, "queued requests beyond which new ones get 503", "server"),
     Flag(

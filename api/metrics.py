@@ -211,6 +211,20 @@ SERIES: tuple[Series, ...] = (
         lambda s: s.proposer_errors,
     ),
     Series(
+        "specserve:spec_decode_num_forced_tokens",
+        "counter",
+        "Accepted draft tokens that a grammar forced (structured output); part of num_accepted_tokens",
+        _SPEC,
+        lambda s: s.num_forced_tokens,
+    ),
+    Series(
+        "specserve:structured_output_grammar_seconds",
+        "counter",
+        "Time spent computing grammar masks, checking drafts and advancing grammars (finished requests)",
+        _M,
+        lambda s: s.grammar_seconds,
+    ),
+    Series(
         "specserve:spec_decode_num_speculative_tokens",
         "gauge",
         "Mean draft tokens allowed per decoding request in the steps since the last update (the"

@@ -15,13 +15,23 @@ from aiohttp import web
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.detokenizer import LogprobText
 from specserve.engine.outputs import RequestOutput, TokenLogprob
-from specserve.engine.sampling_params import InvalidParameterError, SamplingParams
+from specserve.engine.sampling_params import InvalidParameterError, SamplingParams, StructuredOutput
 from specserve.engine.stats import acceptance_rate, mean_acceptance_length
 from specserve.engine.tokenizer import Tokenizer
 
 from .errors import _TYPES, ApiError
 from .logs import USAGE_KEY
-from .protocol import ChatCompletionRequest, CompletionRequest, error_body
+from .protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice, error_body
+from .tool_calls import (
+    ParsedToolCall,
+    ToolCallFormat,
+    ToolCallStream,
+    call_grammar,
+    format_for,
+    new_call_id,
+    template_messages,
+    template_supports_tools,
+)
 
 
 @dataclass
@@ -32,6 +42,17 @@ class ChoiceState:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     last: RequestOutput | None = None
+    tool_stream: ToolCallStream | None = None  # streaming with tools: splits content from calls
+    num_tool_calls: int = 0
+
+
+def _tool_call_payload(call: ParsedToolCall, index: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": new_call_id(),
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+    return out if index is None else {"index": index, **out}
 
 
 @dataclass
@@ -53,12 +74,21 @@ class _LogprobEntry:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncEngine, model_name: str, tokenizer: Tokenizer, max_waiting: int):
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        model_name: str,
+        tokenizer: Tokenizer,
+        max_waiting: int,
+        tool_call_parser: str = "auto",
+    ):
         self.engine = engine
         self.model_name = model_name
         self.tokenizer = tokenizer
         self.max_waiting = max_waiting
         self.draining = False
+        # How this model writes tool calls (api/tool_calls.py); None: no known format in its template.
+        self.tool_format: ToolCallFormat | None = format_for(tool_call_parser, tokenizer.chat_template)
 
     # --- admission ----------------------------------------------------------------------------
     def _check_model(self, model: str | None) -> None:
@@ -103,16 +133,59 @@ class OpenAIServing:
     # --- endpoints ----------------------------------------------------------------------------
     async def chat(self, request: web.Request, body: ChatCompletionRequest) -> web.StreamResponse:
         self._check_model(body.model)
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+        tool_format, forced_calls = self._tool_plan(body, tools)
         try:
-            ids = self.tokenizer.apply_chat_template(messages)
+            messages = template_messages([m.template_dict() for m in body.messages])
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "messages") from None
+        try:
+            ids = self.tokenizer.apply_chat_template(messages, tools=tools)
         except Exception as exc:
             raise ApiError(
                 400, f"cannot apply the chat template: {str(exc).splitlines()[0]}", "messages"
             ) from None
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        params = self._params(body, body.max_completion_tokens or body.max_tokens, logprobs)
-        return await self._respond(request, body, [ids], params, chat=True)
+        params = self._params(body, body.max_completion_tokens or body.max_tokens, logprobs, forced_calls)
+        return await self._respond(request, body, [ids], params, chat=True, tool_format=tool_format)
+
+    def _tool_plan(
+        self, body: ChatCompletionRequest, tools: list[dict[str, Any]] | None
+    ) -> tuple[ToolCallFormat | None, StructuredOutput | None]:
+        """The tool-call format to parse the output with (None: no tools in play) and, for
+        tool_choice required or a named function, the grammar that forces a well-formed call."""
+        choice = body.tool_choice
+        if not tools:
+            if choice not in (None, "none"):
+                raise ApiError(400, "tool_choice needs tools", "tool_choice")
+            return None, None
+        if choice == "none":
+            return None, None
+        if not template_supports_tools(self.tokenizer.chat_template):
+            raise ApiError(400, "this model's chat template has no tool support", "tools")
+        if self.tool_format is None:
+            raise ApiError(
+                400,
+                "no tool-call format is known for this model's chat template; start the server with"
+                " --tool-call-parser (hermes, llama3_json or mistral)",
+                "tools",
+            )
+        if choice is None or choice == "auto":
+            return self.tool_format, None
+        if body.response_format is not None and body.response_format.type != "text":
+            raise ApiError(
+                400,
+                "response_format cannot be combined with tool_choice required or a named function",
+                "response_format",
+            )
+        name = choice.function.name if isinstance(choice, NamedToolChoice) else "required"
+        try:
+            # A named function is called once (as vLLM does); `required` may call several in parallel.
+            parallel = body.parallel_tool_calls and name == "required"
+            grammar = call_grammar(self.tool_format, tools, name, parallel)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "tool_choice") from None
+        return self.tool_format, StructuredOutput("lark", grammar, "tool_choice")
 
     async def completions(self, request: web.Request, body: CompletionRequest) -> web.StreamResponse:
         self._check_model(body.model)
@@ -122,9 +195,15 @@ class OpenAIServing:
         params = self._params(body, body.max_tokens or 16, body.logprobs)
         return await self._respond(request, body, prompts, params, chat=False)
 
-    def _params(self, body: Any, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def _params(
+        self,
+        body: Any,
+        max_tokens: int | None,
+        logprobs: int | None,
+        structured: StructuredOutput | None = None,
+    ) -> SamplingParams:
         try:
-            return body.sampling_params(max_tokens, logprobs)
+            return body.sampling_params(max_tokens, logprobs, structured)
         except InvalidParameterError as exc:
             raise ApiError(400, str(exc), exc.param) from None
 
@@ -144,7 +223,13 @@ class OpenAIServing:
         return prompts
 
     async def _respond(
-        self, request: web.Request, body: Any, prompts: list[list[int]], params: SamplingParams, chat: bool
+        self,
+        request: web.Request,
+        body: Any,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        chat: bool,
+        tool_format: ToolCallFormat | None = None,
     ) -> web.StreamResponse:
         base, request_ids, streams = self._start(prompts, params)
         prompt_tokens = sum(len(p) for p in prompts) * params.n
@@ -155,8 +240,10 @@ class OpenAIServing:
         tasks = [asyncio.create_task(self._pump(i, it, merged, generated)) for i, it in enumerate(iters)]
         try:
             if body.stream:
-                return await self._stream(request, base, body, tasks, merged, prompt_tokens, chat, params)
-            return await self._complete(base, tasks, merged, prompt_tokens, chat, params)
+                return await self._stream(
+                    request, base, body, tasks, merged, prompt_tokens, chat, params, tool_format
+                )
+            return await self._complete(base, tasks, merged, prompt_tokens, chat, params, tool_format)
         finally:
             for t in tasks:
                 t.cancel()
@@ -190,7 +277,7 @@ class OpenAIServing:
             raise ApiError(500, f"internal error while generating: {item.error}", code="internal_error")
         return index, item
 
-    async def _complete(self, base, tasks, merged, prompt_tokens, chat, params) -> web.Response:
+    async def _complete(self, base, tasks, merged, prompt_tokens, chat, params, tool_format) -> web.Response:
         choices = [ChoiceState(i) for i in range(len(tasks))]
         remaining = len(tasks)
         while remaining:
@@ -209,13 +296,19 @@ class OpenAIServing:
             if params.logprobs is not None:
                 lp = self._logprobs_payload(c.logprobs, chat, LogprobText(self.tokenizer))
             if chat:
+                message: dict[str, Any] = {"role": "assistant", "content": c.text}
+                finish_reason = c.finish_reason
+                if tool_format is not None:
+                    content, calls = tool_format.parse(c.text)
+                    if calls:
+                        message = {
+                            "role": "assistant",
+                            "content": content or None,
+                            "tool_calls": [_tool_call_payload(call) for call in calls],
+                        }
+                        finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
                 payload_choices.append(
-                    {
-                        "index": c.index,
-                        "message": {"role": "assistant", "content": c.text},
-                        "logprobs": lp,
-                        "finish_reason": c.finish_reason,
-                    }
+                    {"index": c.index, "message": message, "logprobs": lp, "finish_reason": finish_reason}
                 )
             else:
                 payload_choices.append(
@@ -233,7 +326,7 @@ class OpenAIServing:
         )
 
     async def _stream(
-        self, request, base, body, tasks, merged, prompt_tokens, chat, params
+        self, request, base, body, tasks, merged, prompt_tokens, chat, params, tool_format
     ) -> web.StreamResponse:
         # Validate before committing to a 200: wait for each choice's first output (or error).
         first: list[tuple[int, RequestOutput]] = []
@@ -257,15 +350,24 @@ class OpenAIServing:
             data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
             await response.write(f"data: {data}\n\n".encode())
 
+        tool_states = (
+            [ChoiceState(i, tool_stream=tool_format.stream()) for i in range(len(tasks))]
+            if (chat and tool_format is not None)
+            else None
+        )
+
         def chunk(index: int, out: RequestOutput) -> dict:
             lp = None
             if params.logprobs is not None:
                 lp = self._logprobs_payload(out.new_logprobs, chat, logprob_texts[index])
             if chat:
                 delta: dict[str, Any] = {"content": out.new_text}
+                finish_reason = out.finish_reason
+                if tool_states is not None:
+                    delta, finish_reason = self._tool_delta(tool_states[index], out)
                 if index not in started:
                     delta["role"] = "assistant"
-                choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": out.finish_reason}
+                choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
             else:
                 choice = {
                     "index": index,
@@ -316,6 +418,29 @@ class OpenAIServing:
         return response
 
     # --- payload helpers ------------------------------------------------------------------------
+    @staticmethod
+    def _tool_delta(state: ChoiceState, out: RequestOutput) -> tuple[dict[str, Any], str | None]:
+        """A streamed chat delta with tools in play: content the parser releases, whole tool calls
+        as `tool_calls` entries (OpenAI's shape: index, id, type, function name and arguments)."""
+        stream = state.tool_stream
+        assert stream is not None
+        events = stream.feed(out.new_text)
+        if out.finished:
+            events += stream.finish()
+        content = "".join(e for e in events if isinstance(e, str))
+        calls = []
+        for event in events:
+            if isinstance(event, ParsedToolCall):
+                calls.append(_tool_call_payload(event, state.num_tool_calls))
+                state.num_tool_calls += 1
+        delta: dict[str, Any] = {"content": content}
+        if calls:
+            delta["tool_calls"] = calls
+        finish_reason = out.finish_reason
+        if finish_reason == "stop" and state.num_tool_calls:
+            finish_reason = "tool_calls"
+        return delta, finish_reason
+
     def _usage(self, prompt_tokens: int, finals: list[RequestOutput | None]) -> dict[str, Any]:
         completion = sum(o.num_output_tokens for o in finals if o)
         drafts = sum(o.num_drafts for o in finals if o)
@@ -334,6 +459,8 @@ class OpenAIServing:
                 "mean_acceptance_length": mean_acceptance_length(accepted, drafts),
                 # Drafts allowed per decode step (the controller's k; 0 while it kept speculation off).
                 "mean_k": sum(o.sum_k for o in finals if o) / decisions if decisions else 0.0,
+                # Accepted drafts that a grammar forced (structured output); part of num_accepted_tokens.
+                "num_forced_tokens": sum(o.num_forced_tokens for o in finals if o),
             },
         }
 

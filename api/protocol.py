@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specserve.engine.sampling_params import MAX_NUM_SPECULATIVE_TOKENS, SamplingParams
+from specserve.engine.sampling_params import MAX_NUM_SPECULATIVE_TOKENS, SamplingParams, StructuredOutput
 
 TokenIds = list[Annotated[int, Field(ge=0)]]
 
@@ -30,10 +31,34 @@ class TextPart(_Base):
     text: str
 
 
+class FunctionCall(_Base):
+    name: str = Field(..., max_length=256)
+    arguments: str = ""  # a JSON object, serialised (as OpenAI sends it)
+
+
+class ToolCall(_Base):
+    id: str = Field("", max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Base):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool turn: which call it answers
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as HF chat templates read it (tool-call arguments still JSON text)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
     def text(self) -> str:
         if self.content is None:
@@ -41,6 +66,55 @@ class ChatMessage(_Base):
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content)
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True)
+    name: str = Field("response", max_length=64)
+    description: str | None = None
+    # `schema` would shadow BaseModel.schema(): stored as json_schema, spelled "schema" on the wire.
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Base):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def structured_output(self) -> StructuredOutput | None:
+        """The constraint this format asks for (strict or not, the schema is enforced, as vLLM does)."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return StructuredOutput("json_object", "", "response_format")
+        if self.json_schema is None or self.json_schema.json_schema is None:
+            from specserve.engine.sampling_params import InvalidParameterError
+
+            raise InvalidParameterError(
+                "response_format", "response_format of type json_schema needs json_schema.schema"
+            )
+        return StructuredOutput("json_schema", json.dumps(self.json_schema.json_schema), "response_format")
+
+
+class FunctionDefinition(_Base):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; None: any JSON object
+    strict: bool | None = None
+
+
+class ToolDefinition(_Base):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Base):
+    name: str = Field(..., max_length=64)
+
+
+class NamedToolChoice(_Base):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class SamplingFields(_Base):
@@ -63,8 +137,11 @@ class SamplingFields(_Base):
     stream: bool = False
     stream_options: StreamOptions | None = None
     speculative: SpeculativeOptions | None = None
+    response_format: ResponseFormat | None = None
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def sampling_params(
+        self, max_tokens: int | None, logprobs: int | None, structured: StructuredOutput | None = None
+    ) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         try:
             bias = {int(k): v for k, v in (self.logit_bias or {}).items()}
@@ -92,6 +169,8 @@ class SamplingFields(_Base):
             speculative_enabled=spec.enabled,
             num_speculative_tokens=spec.num_speculative_tokens,
             speculative_policy=spec.policy,
+            structured_output=structured
+            or (self.response_format.structured_output() if self.response_format else None),
         )
 
 
@@ -100,6 +179,9 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[ToolDefinition] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
 
 class CompletionRequest(SamplingFields):

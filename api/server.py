@@ -55,6 +55,7 @@ async def serve(core: EngineCore, settings) -> None:
         log_stats_interval=settings.log_stats_interval,
         access_log=not settings.no_access_log,
         max_model_len=core.max_length,
+        tool_call_parser=settings.tool_call_parser,
     )
     runner = web.AppRunner(
         app,

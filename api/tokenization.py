@@ -17,6 +17,7 @@ from specserve.engine.tokenizer import Tokenizer
 from .errors import ApiError
 from .field_policy import EndpointFields
 from .protocol import ChatMessage
+from .tool_calls import template_messages
 
 
 class _Base(BaseModel):
@@ -105,7 +106,10 @@ class Tokenization:
             )
         if not self.tokenizer.has_chat_template:
             raise ApiError(400, "this model has no chat template; tokenize a plain prompt", "messages")
-        messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in body.messages]
+        try:  # the same rendering as /v1/chat/completions (tool-call arguments as objects)
+            messages = template_messages([m.template_dict() for m in body.messages])
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "messages") from None
         try:
             text = self.tokenizer.hf.apply_chat_template(
                 messages,

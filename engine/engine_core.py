@@ -216,6 +216,7 @@ class EngineCore:
         outputs += self._commit(batch, emitted, logits, hidden)
         step_seconds = time.perf_counter() - step_start
         self._observe_step(sched, batch, emitted, draft_seconds, forward_seconds, step_seconds)
+        self.stats.bound_events()
         return outputs
 
     def _observe_step(
@@ -597,6 +598,7 @@ class EngineCore:
             num_draft_tokens=req.spec.num_draft_tokens,
             num_accepted_tokens=req.spec.num_accepted_tokens,
             accepted_per_position=list(req.spec.accepted_per_position),
+            num_forced_tokens=req.spec.num_forced_tokens,
             num_k_decisions=req.spec.num_k_decisions,
             sum_k=req.spec.sum_k,
             error=error,

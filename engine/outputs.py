@@ -28,6 +28,7 @@ class RequestOutput:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    num_forced_tokens: int = 0  # accepted drafts a grammar forced (structured output)
     # Decode steps and the drafts allowed in them (k, 0 included): mean k = sum_k / num_k_decisions.
     num_k_decisions: int = 0
     sum_k: int = 0

@@ -81,6 +81,10 @@ class SpecDecodingStats:
         return per_position_acceptance(self.accepted_per_position, self.num_drafts)
 
 
+# Per-step observations kept while no exporter drains them (a few MB at most).
+MAX_UNDRAINED_EVENTS = 100_000
+
+
 @dataclass
 class StepEvents:
     """Per-step observations for histograms, drained by whoever exports them.
@@ -125,6 +129,8 @@ class EngineSnapshot:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     proposer_errors: int = 0
+    num_forced_tokens: int = 0
+    grammar_seconds: float = 0.0
     prompt_tokens: int = 0
     generation_tokens: int = 0
     num_preemptions: int = 0
@@ -167,6 +173,16 @@ class EngineStats:
         events, self.events = self.events, StepEvents()
         return events
 
+    def bound_events(self, limit: int = MAX_UNDRAINED_EVENTS) -> bool:
+        """Drop the per-step events when nobody has drained them for `limit` observations (an
+        offline LLM run, a server nobody scrapes), so they cannot grow without end. Dropping is a
+        drain whose result is thrown away: the exporter's accounting stays consistent. True if dropped."""
+        e = self.events
+        if max(len(e.acceptance_lengths), len(e.chosen_k), len(e.forward_costs), len(e.finished)) <= limit:
+            return False
+        self.drain_events()
+        return True
+
     def snapshot(
         self,
         *,
@@ -195,6 +211,8 @@ class EngineStats:
             draft_seconds=spec.draft_seconds,
             verify_seconds=spec.verify_seconds,
             proposer_errors=spec.proposer_errors,
+            num_forced_tokens=spec.num_forced_tokens,
+            grammar_seconds=spec.grammar_seconds,
             prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generation_tokens,
             num_preemptions=self.num_preemptions,

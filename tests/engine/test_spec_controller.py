@@ -257,3 +257,24 @@ def test_scheduler_static_request_on_adaptive_server():
     out = sched.schedule()
     got = {s.request.request_id: s.num_speculative_tokens for s in out.scheduled}
     assert got["s"] == 5 and got["a"] in (0, 1)  # 1 only as a probe
+
+
+def test_undrained_step_events_are_bounded(tiny_llama_dir):
+    """An offline run (or a server nobody scrapes) must not keep every step's observations forever."""
+    from tiny_models import make_llm
+
+    from specserve.engine.stats import EngineStats
+
+    stats = EngineStats()
+    stats.events.chosen_k.extend([1] * 10)
+    assert not stats.bound_events(limit=10) and len(stats.events.chosen_k) == 10
+    stats.events.chosen_k.append(2)
+    assert stats.bound_events(limit=10) and stats.events.chosen_k == []
+    llm = make_llm(tiny_llama_dir, speculative_method="ngram", num_speculative_tokens=2)
+    engine_stats = llm.engine.stats
+    engine_stats.bound_events = lambda: EngineStats.bound_events(engine_stats, limit=3)  # type: ignore[method-assign]
+    llm.generate(
+        [[5, 6, 7]], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True), use_chat_template=False
+    )
+    assert engine_stats.spec.num_k_decisions >= 5  # more decode steps than the limit ...
+    assert len(engine_stats.events.chosen_k) <= 3  # ... yet the engine kept at most the limit

@@ -1,4 +1,4 @@
-"""`specserve` command line: serve, generate, models, download, bench, soak."""
+"""`specserve` command line: serve, generate, models, download, bench, soak, train-draft."""
 
 from __future__ import annotations
 
@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("bench", "soak"):
         p = sub.add_parser(name, help=f"{name} (see specserve {name} --help)", add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
+    train = sub.add_parser(
+        "train-draft",
+        help="train a Medusa draft head on the CPU (see specserve train-draft --help)",
+        add_help=False,
+    )
+    train.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -55,6 +61,11 @@ def main(argv: list[str] | None = None) -> None:
             from specserve.api import tools
 
             tools.main(argv[0], argv[1:])
+            return
+        if argv[:1] == ["train-draft"]:
+            from specserve.api import train_draft
+
+            train_draft.main(argv[1:])
             return
         args = parser.parse_args(argv)
         if args.version:

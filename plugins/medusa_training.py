@@ -1,0 +1,428 @@
+"""Train Medusa-1 heads on the target's own hidden states: `specserve train-draft --method medusa`.
+
+What a head learns: head i maps the target's final-normed hidden state at position t (what the engine
+hands the proposer, see medusa_features.py) to the token at t + i + 2, the convention MedusaProposer
+drafts with. Initialisation is Medusa's: each head's projection is the target's LM head (its draft
+vocabulary rows), each ResBlock's weight and bias are zero, so a head starts as the target's own
+next-token guess and training only has to learn the shift; that is what makes minutes of CPU useful.
+
+Loss: sum over heads of 0.8^i x cross-entropy (Medusa's decay); labels outside the draft vocabulary are
+ignored in the loss (the head cannot name them) and count as misses in the accuracy.
+
+Run: build or reload the data (medusa_data.py), evaluate at step 0 and every `eval_every` steps on the
+held-out split, checkpoint (heads, optimizer, step, data position, curve) at each evaluation, stop at
+the time budget or the step limit, write the head (medusa.py's layout) and train_report.json.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specserve.engine import LLM
+from specserve.plugins.medusa import build_heads, save_medusa_heads
+from specserve.plugins.medusa_data import (
+    STDLIB_LICENCE,
+    TrainingData,
+    distill,
+    distill_prompts,
+    frequency_ranked_vocab,
+    stdlib_sequences,
+)
+from specserve.plugins.medusa_features import FeatureCache
+
+logger = logging.getLogger("specserve.train_draft")
+CHECKPOINT_DIR = "checkpoint"
+REPORT_FILE = "train_report.json"
+HEAD_DECAY = 0.8  # Medusa's per-head loss weight 0.8^i
+WARMUP_STEPS = 10
+IGNORE = -100
+# What a resumed run must share with the checkpoint (the rest may change between runs).
+RESUME_KEYS = ("model_path", "quantization_encoding", "num_heads", "num_layers", "draft_vocab_size")
+
+
+class TrainDraftError(ValueError):
+    """Bad input for train-draft: a one-line error (exit 2 at the CLI)."""
+
+
+@dataclass(frozen=True)
+class MedusaTrainConfig:
+    output: Path
+    model_path: str | None = None  # None: the embedded default model
+    quantization_encoding: str = "float32"  # the target run for features and distillation
+    num_heads: int = 4
+    num_layers: int = 1
+    draft_vocab_size: int | None = None  # None: the target's whole vocabulary
+    max_minutes: float | None = None  # wall budget of this run, data building included
+    max_steps: int | None = None  # total optimizer steps (over resumed runs too)
+    resume: bool = False
+    distill_prompts: int = 0
+    distill_max_tokens: int = 128
+    code_tokens: int = 60_000
+    seq_len: int = 256
+    batch_size: int = 8
+    lr: float = 1e-3
+    eval_every: int = 20
+    heldout_every: int = 20  # every 20th sequence of each source is held out (5%)
+    precision: str = "float32"  # bfloat16: autocast the heads' matmuls
+    seed: int = 0
+    cache_dir: str | None = None
+    progress: bool = True
+
+
+@dataclass
+class Progress:
+    """What a checkpoint restores: where training is and what it has measured."""
+
+    step: int = 0
+    epoch: int = 0
+    position: int = 0  # sequences of this epoch's order already trained on
+    tokens_seen: int = 0
+    train_seconds: float = 0.0  # optimizer-loop time over every run so far
+    curve: list | None = None
+
+
+def train_medusa(cfg: MedusaTrainConfig, data: TrainingData | None = None) -> dict:
+    """Train, save the head into cfg.output and return the report (also written to train_report.json).
+    `data`: use these sequences instead of building the stdlib + distilled set (tests, own data)."""
+    run_start = time.perf_counter()
+    deadline = run_start + cfg.max_minutes * 60 if cfg.max_minutes else math.inf
+    ckpt = cfg.output / CHECKPOINT_DIR
+    _check_output(cfg, ckpt)
+    llm = LLM(
+        cfg.model_path,
+        quantization_encoding=cfg.quantization_encoding,
+        speculative_method="none",
+        max_length=1024,
+        max_kv_cache_tokens=16 * 1024,
+        max_batch_size=16,
+        cache_dir=cfg.cache_dir,
+    )
+    model, arch = llm.engine.model, llm.engine.arch
+    if cfg.draft_vocab_size is not None and not 1 <= cfg.draft_vocab_size <= arch.vocab_size:
+        raise TrainDraftError(f"--draft-vocab-size must be in [1, {arch.vocab_size}] for this target")
+    data, draft_ids, data_info = _data(cfg, llm, ckpt, arch.vocab_size, data)
+    rows = arch.vocab_size if draft_ids is None else len(draft_ids)
+    heads = build_heads(cfg.num_heads, cfg.num_layers, arch.hidden_size, rows)
+    _init_from_target(heads, model, draft_ids)
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=0.0)
+    progress = Progress(curve=[])
+    if cfg.resume:
+        progress = _load_checkpoint(ckpt, heads, optimizer)
+    row_of = _row_map(arch.vocab_size, draft_ids)  # [vocab] target id -> projection row (or IGNORE)
+    features = FeatureCache(model, llm.engine.device, llm.engine.config.model.dtype)
+    evaluate = _Evaluator(data, features, row_of, draft_ids, cfg)
+    head_info = {"model_path": cfg.model_path, "vocab_size": arch.vocab_size, "hidden_size": arch.hidden_size}
+    last_eval_s, step_s = 0.0, 0.0
+    if not progress.curve:
+        progress.curve = [evaluate(heads, progress, time.perf_counter() - run_start)]
+        last_eval_s = progress.curve[-1]["eval_seconds"]
+    from tqdm import tqdm
+
+    bar = tqdm(
+        total=cfg.max_steps, initial=progress.step, desc="train-draft medusa", disable=not cfg.progress
+    )
+    loop_start = time.perf_counter()
+    trained_before = progress.train_seconds
+    stop_reason = "max_steps"
+    while cfg.max_steps is None or progress.step < cfg.max_steps:
+        # Leave room for one more step, the final evaluation and the save.
+        if time.perf_counter() + step_s + 1.2 * last_eval_s + 2.0 > deadline:
+            stop_reason = "max_minutes"
+            break
+        if cfg.max_minutes is None and cfg.max_steps is None and _epoch_done(progress, len(data.train)):
+            stop_reason = "one_epoch"
+            break
+        step_start = time.perf_counter()
+        batch = _next_batch(progress, len(data.train), cfg)
+        keys = [("train", i) for i in batch]
+        feats = features.get(keys, [data.train[i] for i in batch])
+        lr = cfg.lr * min(1.0, (progress.step + 1) / WARMUP_STEPS)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        losses = _train_step(heads, optimizer, feats, [data.train[i] for i in batch], row_of, cfg)
+        progress.step += 1
+        progress.tokens_seen += sum(len(data.train[i]) for i in batch)
+        progress.train_seconds = trained_before + time.perf_counter() - loop_start
+        step_s = time.perf_counter() - step_start
+        bar.update(1)
+        bar.set_postfix(loss=f"{sum(losses):.3f}", epoch=progress.epoch, left=_left(deadline))
+        if progress.step % cfg.eval_every == 0:
+            progress.curve.append(evaluate(heads, progress, time.perf_counter() - run_start))
+            last_eval_s = progress.curve[-1]["eval_seconds"]
+            _save(cfg, ckpt, heads, optimizer, progress, draft_ids, head_info)
+    bar.close()
+    if progress.curve[-1]["step"] != progress.step:
+        progress.curve.append(evaluate(heads, progress, time.perf_counter() - run_start))
+    _save(cfg, ckpt, heads, optimizer, progress, draft_ids, head_info)
+    report = _report(cfg, arch, data, data_info, draft_ids, progress, features, stop_reason, run_start)
+    (cfg.output / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+# --- data ----------------------------------------------------------------------------------------
+def _data(cfg: MedusaTrainConfig, llm: LLM, ckpt: Path, vocab: int, given: TrainingData | None):
+    """Build the data set (or reload the checkpoint's: distillation is not repeated on resume)."""
+    saved = ckpt / "data.pt"
+    if cfg.resume and saved.exists():
+        state = torch.load(saved, weights_only=True)
+        ids = state["draft_ids"] if state["draft_ids"].numel() else None
+        return TrainingData.from_state(state["data"]), ids, state["info"]
+    start = time.perf_counter()
+    data = given or TrainingData()
+    if given is None:
+        code = stdlib_sequences(llm.tokenizer.encode, cfg.code_tokens, cfg.seq_len, cfg.seed)
+        data.add("code", code, cfg.heldout_every)
+    distill_s = 0.0
+    if cfg.distill_prompts and given is None:
+        t = time.perf_counter()
+        prompts = distill_prompts(cfg.distill_prompts, cfg.seed)
+        answers = distill(llm, prompts, cfg.distill_max_tokens, progress=cfg.progress)
+        data.add("distilled", answers, cfg.heldout_every)
+        distill_s = time.perf_counter() - t
+    if not data.train or not data.heldout:
+        raise TrainDraftError("not enough training text: raise --code-tokens or --distill-prompts")
+    ids = frequency_ranked_vocab(data.train, vocab, cfg.draft_vocab_size) if cfg.draft_vocab_size else None
+    info = {
+        "sources": data.summary(),
+        "code_licence": STDLIB_LICENCE if given is None else None,
+        "distill_seconds": round(distill_s, 1),
+        "build_seconds": round(time.perf_counter() - start, 1),
+    }
+    ckpt.mkdir(parents=True, exist_ok=True)
+    empty = torch.zeros(0, dtype=torch.int64)
+    torch.save({"data": data.to_state(), "draft_ids": empty if ids is None else ids, "info": info}, saved)
+    return data, ids, info
+
+
+def _next_batch(progress: Progress, num_train: int, cfg: MedusaTrainConfig) -> list[int]:
+    """The next `batch_size` indices of this epoch's seeded order (a new order each epoch)."""
+    if progress.position >= num_train:
+        progress.epoch, progress.position = progress.epoch + 1, 0
+    order = torch.randperm(
+        num_train, generator=torch.Generator().manual_seed(cfg.seed * 1000 + progress.epoch)
+    )
+    batch = order[progress.position : progress.position + cfg.batch_size].tolist()
+    progress.position += len(batch)
+    return batch
+
+
+def _epoch_done(progress: Progress, num_train: int) -> bool:
+    return progress.epoch >= 1 or progress.position >= num_train
+
+
+def _row_map(vocab: int, draft_ids: torch.Tensor | None) -> torch.Tensor:
+    if draft_ids is None:
+        return torch.arange(vocab)
+    row_of = torch.full((vocab,), IGNORE, dtype=torch.int64)
+    row_of[draft_ids] = torch.arange(len(draft_ids))
+    return row_of
+
+
+def head_labels(sequences: list[list[int]], num_heads: int) -> torch.Tensor:
+    """[num_heads, T] target ids: head i at flat row t (position p of its sequence) gets token p + i + 2,
+    IGNORE past the sequence's end."""
+    out = []
+    for seq in sequences:
+        ids = torch.tensor(seq, dtype=torch.int64)
+        labels = torch.full((num_heads, len(seq)), IGNORE, dtype=torch.int64)
+        for i in range(num_heads):
+            if len(seq) > i + 2:
+                labels[i, : len(seq) - i - 2] = ids[i + 2 :]
+        out.append(labels)
+    return torch.cat(out, dim=1)
+
+
+# --- model -----------------------------------------------------------------------------------------
+def _init_from_target(heads: nn.ModuleList, model: nn.Module, draft_ids: torch.Tensor | None) -> None:
+    """Medusa's start: projections copy the target's LM head rows, ResBlocks are the identity."""
+    lm_head = getattr(model, "lm_head", None)
+    weight = getattr(lm_head, "weight", None)
+    if weight is None or not weight.dtype.is_floating_point:
+        raise TrainDraftError(
+            "the target's LM head is not a float nn.Linear (use a float --quantization-encoding)"
+        )
+    rows = weight.detach().float() if draft_ids is None else weight.detach().float()[draft_ids]
+    with torch.no_grad():
+        for head in heads:
+            for block in head[:-1]:
+                nn.init.zeros_(block.linear.weight)
+                nn.init.zeros_(block.linear.bias)
+            head[-1].weight.copy_(rows)
+
+
+def _autocast(cfg: MedusaTrainConfig):
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bfloat16")
+
+
+def _train_step(heads, optimizer, feats, sequences, row_of, cfg) -> list[float]:
+    x = torch.cat(feats).float()  # [T, hidden]
+    rows = _rows(head_labels(sequences, cfg.num_heads), row_of)  # [num_heads, T]
+    optimizer.zero_grad(set_to_none=True)
+    losses = []
+    for i, head in enumerate(heads):
+        if not (rows[i] != IGNORE).any():
+            losses.append(0.0)
+            continue
+        with _autocast(cfg):
+            logits = head(x)  # [T, N]
+        loss = F.cross_entropy(logits.float(), rows[i], ignore_index=IGNORE)
+        # One head at a time: only one [T, N] logits tensor (and its grad) is alive at once.
+        (loss * HEAD_DECAY**i).backward()
+        losses.append(float(loss.detach()))
+    torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
+    optimizer.step()
+    return losses
+
+
+def _rows(labels: torch.Tensor, row_of: torch.Tensor) -> torch.Tensor:
+    """Target ids -> projection rows; IGNORE stays IGNORE, ids outside the draft vocabulary become IGNORE."""
+    return torch.where(labels == IGNORE, IGNORE, row_of[labels.clamp(min=0)])
+
+
+# --- evaluation ------------------------------------------------------------------------------------
+class _Evaluator:
+    """Held-out loss and top-1 per head, and the chain a greedy verifier would accept, per source."""
+
+    def __init__(self, data: TrainingData, features: FeatureCache, row_of, draft_ids, cfg: MedusaTrainConfig):
+        self.data, self.features, self.row_of, self.draft_ids, self.cfg = (
+            data,
+            features,
+            row_of,
+            draft_ids,
+            cfg,
+        )
+
+    @torch.no_grad()
+    def __call__(self, heads: nn.ModuleList, progress: Progress, elapsed: float) -> dict:
+        began = time.perf_counter()
+        n = self.cfg.num_heads
+        sums: dict[str, torch.Tensor] = {}  # source -> [loss sum, in-vocab count, correct, labelled] x heads
+        chains: dict[str, torch.Tensor] = {}  # source -> [chain correct x heads, positions]
+        held = self.data.heldout
+        feats = []
+        for start in range(0, len(held), self.cfg.batch_size):  # first call: one target forward per batch
+            keys = [("heldout", i) for i in range(start, min(start + self.cfg.batch_size, len(held)))]
+            feats += self.features.get(keys, [held[i] for _, i in keys])
+        for seq, source, feat in zip(held, self.data.heldout_sources, feats, strict=True):
+            labels = head_labels([seq], n)  # [n, L]
+            rows = _rows(labels, self.row_of)
+            with _autocast(self.cfg):
+                logits = torch.stack([h(feat.float()) for h in heads]).float()  # [n, L, N]
+            pred = logits.argmax(-1) if self.draft_ids is None else self.draft_ids[logits.argmax(-1)]
+            correct = (pred == labels) & (labels != IGNORE)  # [n, L]
+            ce = F.cross_entropy(
+                logits.transpose(1, 2), rows, ignore_index=IGNORE, reduction="none"
+            )  # [n, L]
+            s = sums.setdefault(source, torch.zeros(4, n, dtype=torch.float64))
+            s += torch.stack(
+                [ce.sum(1), (rows != IGNORE).sum(1), correct.sum(1), (labels != IGNORE).sum(1)]
+            ).double()
+            full = labels[-1] != IGNORE  # positions where every head has a label
+            chain = correct[:, full].cumprod(0)  # [n, P]: heads 0..i all right
+            c = chains.setdefault(source, torch.zeros(n + 1, dtype=torch.float64))
+            c[:n] += chain.sum(1).double()
+            c[n] += int(full.sum())
+        point = {
+            "step": progress.step,
+            "elapsed_seconds": round(elapsed, 1),
+            "train_seconds": round(progress.train_seconds, 1),
+            "tokens_seen": progress.tokens_seen,
+            "all": _metrics(sum(sums.values()), sum(chains.values())),
+            "by_source": {src: _metrics(sums[src], chains[src]) for src in sorted(sums)},
+        }
+        point["eval_seconds"] = round(time.perf_counter() - began, 2)
+        logger.info("step %d: held-out top-1 per head %s", progress.step, point["all"]["top1"])
+        return point
+
+
+def _metrics(s: torch.Tensor, c: torch.Tensor) -> dict:
+    n = s.shape[1]
+    chain = [float(c[i] / c[n]) if c[n] else 0.0 for i in range(n)]
+    return {
+        "loss": [round(float(s[0, i] / s[1, i]), 4) if s[1, i] else None for i in range(n)],
+        "top1": [round(float(s[2, i] / s[3, i]), 4) if s[3, i] else None for i in range(n)],
+        "label_coverage": round(float(s[1, 0] / s[3, 0]), 4) if s[3, 0] else None,
+        # Teacher-forced estimate of greedy acceptance: draft i is accepted when heads 0..i are all right.
+        "chain_acceptance": [round(x, 4) for x in chain],
+        "expected_acceptance_length": round(1 + sum(chain), 4),
+        "labelled_tokens": int(s[3, 0]),
+    }
+
+
+# --- checkpoints and report ------------------------------------------------------------------------
+def _check_output(cfg: MedusaTrainConfig, ckpt: Path) -> None:
+    if cfg.output.exists() and not cfg.output.is_dir():
+        raise TrainDraftError(f"--output {cfg.output} is a file, not a directory")
+    if cfg.resume and not (ckpt / "state.pt").exists():
+        raise TrainDraftError(f"--resume: no checkpoint in {ckpt}")
+    if not cfg.resume and (ckpt / "state.pt").exists():
+        raise TrainDraftError(f"{cfg.output} holds a checkpoint: pass --resume, or choose another --output")
+    if cfg.resume:
+        saved = json.loads((ckpt / "config.json").read_text())
+        changed = [k for k in RESUME_KEYS if saved.get(k) != asdict(cfg).get(k)]
+        if changed:
+            raise TrainDraftError(f"--resume with other {', '.join(changed)} than the checkpoint's")
+
+
+def _save(cfg, ckpt: Path, heads, optimizer, progress: Progress, draft_ids, head_info: dict) -> None:
+    """The head (usable as is) and the state to resume from, each written then renamed into place."""
+    save_medusa_heads(cfg.output, heads, cfg.num_layers, head_info, draft_ids)
+    ckpt.mkdir(parents=True, exist_ok=True)
+    tmp = ckpt / "state.pt.tmp"
+    torch.save(
+        {"heads": heads.state_dict(), "optimizer": optimizer.state_dict(), "progress": asdict(progress)}, tmp
+    )
+    tmp.replace(ckpt / "state.pt")
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+    (ckpt / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _load_checkpoint(ckpt: Path, heads: nn.ModuleList, optimizer) -> Progress:
+    state = torch.load(ckpt / "state.pt", weights_only=True)
+    heads.load_state_dict(state["heads"])
+    optimizer.load_state_dict(state["optimizer"])
+    return Progress(**state["progress"])
+
+
+def _left(deadline: float) -> str:
+    return "-" if math.isinf(deadline) else f"{max(0.0, deadline - time.perf_counter()) / 60:.1f}m"
+
+
+def _report(cfg, arch, data, data_info, draft_ids, progress, features, stop_reason, run_start) -> dict:
+    final = progress.curve[-1]
+    return {
+        "method": "medusa",
+        "model_path": cfg.model_path,
+        "output": str(cfg.output),
+        "target": {"hidden_size": arch.hidden_size, "vocab_size": arch.vocab_size},
+        "heads": {
+            "num_heads": cfg.num_heads,
+            "num_layers": cfg.num_layers,
+            "draft_vocab_size": None if draft_ids is None else len(draft_ids),
+        },
+        "data": data_info,
+        "training": {
+            "steps": progress.step,
+            "epochs_completed": progress.epoch,
+            "tokens_seen": progress.tokens_seen,
+            "train_seconds": round(progress.train_seconds, 1),
+            "run_wall_seconds": round(time.perf_counter() - run_start, 1),
+            "target_forward_tokens": features.tokens_computed,
+            "target_forward_seconds": round(features.seconds, 1),
+            "stop_reason": stop_reason,
+            "precision": cfg.precision,
+            "threads": torch.get_num_threads(),
+            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
+        },
+        "heldout": final,
+        "curve": progress.curve,
+    }

@@ -182,7 +182,7 @@ class OpenAIServing:
         try:
             # A named function is called once (as vLLM does); `required` may call several in parallel.
             parallel = body.parallel_tool_calls and name == "required"
-            grammar = call_grammar(self.tool_format, tools, name, parallel)
+            grammar = call_grammar(self.tool_format, tools, name, parallel, self._marker_token_ids())
         except ValueError as exc:
             raise ApiError(400, str(exc), "tool_choice") from None
         return self.tool_format, StructuredOutput("lark", grammar, "tool_choice")
@@ -194,6 +194,14 @@ class OpenAIServing:
         prompts = self._completion_prompts(body.prompt)
         params = self._params(body, body.max_tokens or 16, body.logprobs)
         return await self._respond(request, body, prompts, params, chat=False)
+
+    def _marker_token_ids(self) -> dict[str, int]:
+        """The tool-call markers this vocabulary holds as single added tokens (Qwen2.5's <tool_call>).
+        llguidance treats every added token as special: a grammar must ask for the token itself,
+        since spelling the marker as a text literal is not matched by that token."""
+        assert self.tool_format is not None
+        added = self.tokenizer.hf.get_added_vocab()
+        return {m: added[m] for m in self.tool_format.markers if m in added}
 
     def _params(
         self,

@@ -262,7 +262,40 @@ class HermesFormat(ToolCallFormat):
         return "<tool_call>" in chat_template
 
     def stream(self) -> ToolCallStream:
-        return _MarkedCallStream("<tool_call>", _read_hermes_body)
+        return _FirstCharStream(
+            lambda: _JsonOnlyStream("<tool_call>", _parse_llama3),
+            lambda: _MarkedCallStream("<tool_call>", _read_hermes_body),
+        )
+
+
+class _FirstCharStream:
+    """Hermes-family models write `<tool_call>{...}</tool_call>`, but small ones (Qwen2.5-Coder-0.5B,
+    measured) often answer a tool question with the bare JSON object alone. An output whose first
+    non-whitespace character is `{` is read as bare calls (like Llama 3's: `name` plus `arguments`
+    required, else it stays content); any other output goes to the marker parser."""
+
+    def __init__(self, bare: Callable[[], ToolCallStream], marked: Callable[[], ToolCallStream]) -> None:
+        self._make_bare, self._make_marked = bare, marked
+        self._inner: ToolCallStream | None = None
+        self._held = ""
+
+    def feed(self, delta: str) -> list[ToolCallEvent]:
+        if self._inner is not None:
+            return self._inner.feed(delta)
+        self._held += delta
+        lead = self._held.lstrip()
+        if not lead:
+            return []
+        self._inner = self._make_bare() if lead.startswith("{") else self._make_marked()
+        text, self._held = self._held, ""
+        return self._inner.feed(text)
+
+    def finish(self) -> list[ToolCallEvent]:
+        if self._inner is None:
+            self._inner = self._make_marked()
+            text, self._held = self._held, ""
+            return self._inner.feed(text) + self._inner.finish()
+        return self._inner.finish()
 
 
 def _read_hermes_body(body: str, seen: int, final: bool) -> tuple[int, list[ParsedToolCall] | None] | None:

@@ -22,6 +22,12 @@ logger = logging.getLogger("specserve.engine")
 # Token counts profiled: every count up to 8 (where the CPU kernels' tiles step), then coarser.
 PROFILE_POINTS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 REPEATS = 3
+# Start-up time the profile may take beyond the small counts (measured: unbounded, 1..288 tokens took
+# minutes for a 0.5B model on 2 slow cores). Past the budget the curve continues along its last
+# segment's slope and the online calibration per batch bucket corrects it with real step timings.
+ALWAYS_PROFILED = 16
+BUDGET_SECONDS = 5.0
+SLOW_POINT_SECONDS = 0.2  # a point this slow is timed once: noise is small next to it
 
 
 def profile_points(max_tokens: int) -> list[int]:
@@ -46,6 +52,8 @@ def profile_forward_cost(
     start = time.perf_counter()
     curve = []
     for n in [points[0], *points]:  # the first run warms up kernels and allocator
+        if n > ALWAYS_PROFILED and time.perf_counter() - start > BUDGET_SECONDS:
+            break
         blocks = list(range(-(-n // block_size)))
         seq = SequenceInput([0] * n, 0, blocks, n)
         best = float("inf")
@@ -55,8 +63,11 @@ def profile_forward_cost(
             with torch.inference_mode():
                 model.compute_logits(hidden).cpu()  # .cpu() also waits for a GPU
             best = min(best, time.perf_counter() - t0)
+            if best > SLOW_POINT_SECONDS:
+                break
         curve.append((n, best))
     curve = curve[1:]
+    max_tokens = curve[-1][0]
     logger.info(
         "profiled the target's step cost for 1..%d tokens in %.1f s: %s",
         max_tokens,

@@ -488,7 +488,7 @@ class EngineCore:
             if self.proposer.needs_hidden_states:
                 state.last_hidden = hidden[w.first_row + num_accepted].clone()
         kept, reason = self._append_tokens(state, emitted)
-        if state.grammar is not None and reason is None:
+        if state.grammar is not None and reason is None and self._may_speculate(req):
             state.forced_next = state.grammar.forced_after([], MAX_FORCED_TOKENS)
             req.num_forced_tokens = len(state.forced_next)
         logprobs = []
@@ -504,6 +504,14 @@ class EngineCore:
         else:
             self.kv_manager.cache_computed_blocks(req)
         return self._output(req, kept, logprobs, finished=reason is not None)
+
+    def _may_speculate(self, req: Request) -> bool:
+        """Forced tokens are drafts: only worth computing when this request can get draft slots."""
+        return (
+            self.proposer is not None
+            and req.params.speculative_enabled
+            and (req.params.num_speculative_tokens != 0)
+        )
 
     @staticmethod
     def _grammar_stops(state: RequestState, token: int) -> bool:

@@ -145,6 +145,9 @@ class GrammarMatcher:
     @_timed
     def allowed(self) -> torch.Tensor:
         """[V] bool: the tokens the grammar admits next (columns past the tokenizer's are False)."""
+        return self._mask()
+
+    def _mask(self) -> torch.Tensor:  # untimed: the timed entry points call it
         bits = np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8)
         mask = np.unpackbits(bits, bitorder="little")[: self.vocab_size]  # bit t of word w: token 32w+t
         out = torch.zeros(self.vocab_size, dtype=torch.bool)
@@ -155,13 +158,13 @@ class GrammarMatcher:
     def window_masks(self, drafts: list[int]) -> torch.Tensor:
         """[len(drafts) + 1, V] bool: the mask at each position of a verification window whose drafts
         the grammar admits (valid_prefix), computed by consuming them tentatively and rolling back."""
-        rows = [self.allowed()]
+        rows = [self._mask()]
         consumed = 0
         for token in drafts:
             if not self._m.consume_token(token):
                 break
             consumed += 1
-            rows.append(self.allowed())
+            rows.append(self._mask())
         if consumed:
             self._m.rollback(consumed)
         while len(rows) < len(drafts) + 1:  # never reached for admitted drafts; keeps the shape

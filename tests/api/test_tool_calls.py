@@ -79,6 +79,14 @@ CASES = [
     ),
     ("hermes", 'Cut off: <tool_call>\n{"name": "f", "argu', 'Cut off: <tool_call>\n{"name": "f", "argu', []),
     ("hermes", "ends with a marker <tool_call>", "ends with a marker <tool_call>", []),
+    (  # Qwen2.5-Coder-0.5B answers with the bare object, no <tool_call> wrapper (measured)
+        "hermes",
+        '\n{"name": "get_weather", "arguments": {"city": "Paris"}}',
+        "",
+        [call("get_weather", city="Paris")],
+    ),
+    ("hermes", '{"city": "Paris"}', '{"city": "Paris"}', []),  # plain JSON data is not a call
+    ("hermes", '{"name": "f"} is a call?', '{"name": "f"} is a call?', []),
     (
         "llama3_json",
         '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}',

@@ -278,3 +278,23 @@ def test_undrained_step_events_are_bounded(tiny_llama_dir):
     )
     assert engine_stats.spec.num_k_decisions >= 5  # more decode steps than the limit ...
     assert len(engine_stats.events.chosen_k) <= 3  # ... yet the engine kept at most the limit
+
+
+def test_start_up_profile_stays_within_its_budget(tiny_llama_dir, monkeypatch):
+    """Past the small counts the profile stops at its time budget (start-up on a slow machine took
+    minutes before); the curve then extends along its last slope."""
+    from tiny_models import make_llm
+
+    from specserve.engine import cost_profile
+
+    llm = make_llm(tiny_llama_dir, speculative_method="ngram")
+    engine = llm.engine
+    args = (engine.model, engine.kv_cache, engine.config.block_size, engine.num_blocks, engine.device)
+    monkeypatch.setattr(cost_profile, "BUDGET_SECONDS", 1e9)  # no timing dependence in the test
+    full = cost_profile.profile_forward_cost(*args, 64)
+    assert [n for n, _ in full] == [n for n in cost_profile.PROFILE_POINTS if n <= 64]
+    monkeypatch.setattr(cost_profile, "BUDGET_SECONDS", 0.0)
+    cut = cost_profile.profile_forward_cost(*args, 64)
+    assert [n for n, _ in cut] == [
+        n for n in cost_profile.PROFILE_POINTS if n <= cost_profile.ALWAYS_PROFILED
+    ]

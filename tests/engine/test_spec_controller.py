@@ -298,3 +298,35 @@ def test_start_up_profile_stays_within_its_budget(tiny_llama_dir, monkeypatch):
     assert [n for n, _ in cut] == [
         n for n in cost_profile.PROFILE_POINTS if n <= cost_profile.ALWAYS_PROFILED
     ]
+
+
+def test_grammar_forced_tokens_get_slots_the_controller_would_not_give():
+    """Tokens a grammar forces are free drafts: the scheduler reserves slots for them even when the
+    controller turned the proposer off, up to the request's cap, and not when speculation is off."""
+
+    def scheduler_with(ctrl, cap=K_MAX):
+        s = Scheduler(
+            SchedulerConfig(max_length=256, num_speculative_tokens=cap, speculative_policy="adaptive"),
+            KVCacheManager(64, 4, False),
+            ctrl,
+        )
+        return s
+
+    ctrl = controller(STEEP)
+    teach(ctrl, "a", 0.0)
+    teach(ctrl, "off", 0.0)
+    s = scheduler_with(ctrl, cap=4)
+    for rid, enabled in (("a", True), ("off", False)):
+        params = SamplingParams(max_tokens=50, temperature=0, speculative_enabled=enabled)
+        s.add_request(Request(rid, [1, 2, 3, 4], params))
+    out = s.schedule()  # prefill
+    for item in out.scheduled:
+        r = item.request
+        r.num_computed_tokens += item.num_new_tokens
+        r.output_token_ids.append(7)
+    ks = {x.request.request_id: x.num_speculative_tokens for x in s.schedule().scheduled}
+    assert ks == {"a": 0, "off": 0}  # steep cost, no acceptance: the controller drafts nothing
+    for r in s.running:
+        r.num_forced_tokens = 6
+    ks = {x.request.request_id: x.num_speculative_tokens for x in s.schedule().scheduled}
+    assert ks == {"a": 4, "off": 0}  # forced tokens fill the cap; a request with speculation off gets none

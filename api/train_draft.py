@@ -43,7 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="project onto the N most frequent target tokens of the training data (FR-Spec; default: all)",
     )
     p.add_argument(
-        "--max-minutes", type=float, default=None, help="wall budget of this run, data building included"
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="wall budget of this run, data building included (distillation takes at most half of it)",
     )
     p.add_argument(
         "--max-steps", type=int, default=None, help="optimizer steps in all (resumed runs included)"
@@ -58,11 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--distill-max-tokens", type=int, default=128, help="tokens per distilled answer (default: 128)"
     )
     p.add_argument(
-        "--code-tokens", type=int, default=60_000, help="stdlib source tokens to train on (default: 60000)"
+        "--code-tokens", type=int, default=24_000, help="stdlib source tokens to train on (default: 24000)"
     )
     p.add_argument("--seq-len", type=int, default=256, help="tokens per code sequence (default: 256)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per step (default: 8)")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default: 1e-3)")
+    p.add_argument(
+        "--lr", type=float, default=3e-3, help="AdamW learning rate of the ResBlocks (default: 3e-3)"
+    )
+    p.add_argument(
+        "--projection-lr",
+        type=float,
+        default=None,
+        help="learning rate of the vocabulary projections (default: --lr / 10; 0 freezes them)",
+    )
     p.add_argument(
         "--eval-every", type=int, default=20, help="held-out evaluation every N steps (default: 20)"
     )
@@ -104,6 +115,7 @@ def parse_config(argv: list[str]):
         (args.seq_len >= args.num_heads + 2, "--seq-len must exceed --num-heads + 1"),
         (args.batch_size >= 1, "--batch-size must be >= 1"),
         (args.lr > 0, "--lr must be > 0"),
+        (args.projection_lr is None or args.projection_lr >= 0, "--projection-lr must be >= 0"),
         (args.eval_every >= 1, "--eval-every must be >= 1"),
         (
             args.quantization_encoding in PRECISIONS,
@@ -133,6 +145,7 @@ def parse_config(argv: list[str]):
         seq_len=args.seq_len,
         batch_size=args.batch_size,
         lr=args.lr,
+        projection_lr=args.projection_lr,
         eval_every=args.eval_every,
         precision=args.precision,
         seed=args.seed,

@@ -16,8 +16,10 @@ labels in the training split.
 
 from __future__ import annotations
 
+import math
 import random
 import sysconfig
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +29,8 @@ import torch
 
 if TYPE_CHECKING:
     from specserve.engine import LLM
+
+    from .medusa_features import HiddenStateRecorder
 
 STDLIB_LICENCE = "Python Software Foundation License (the interpreter's standard library sources)"
 SKIPPED_STDLIB_DIRS = {"test", "tests", "encodings", "site-packages", "idlelib", "lib2to3"}
@@ -189,13 +193,13 @@ def _stdlib_files(root: Path) -> list[Path]:
     ]
 
 
-def stdlib_sequences(
+def stdlib_examples(
     encode: Callable[[str], list[int]], max_tokens: int, seq_len: int, seed: int = 0, root: Path | None = None
-) -> list[list[int]]:
+) -> list[Example]:
     """Chunks of `seq_len` tokens from stdlib files taken in a seeded random order, `max_tokens` in all."""
     files = _stdlib_files(root or stdlib_path())
     random.Random(seed).shuffle(files)
-    sequences: list[list[int]] = []
+    examples: list[Example] = []
     total = 0
     for path in files:
         if total >= max_tokens:
@@ -207,71 +211,113 @@ def stdlib_sequences(
         for start in range(0, len(ids), seq_len):
             chunk = ids[start : start + seq_len][: max_tokens - total]
             if len(chunk) >= MIN_SEQUENCE_TOKENS:
-                sequences.append(chunk)
+                examples.append(Example(chunk, "code"))
                 total += len(chunk)
-    return sequences
+    return examples
 
 
 # --- the data set ------------------------------------------------------------------------------------
 @dataclass
-class TrainingData:
-    """Token sequences with their source ("code" / "distilled"), split into train and held-out."""
+class Example:
+    """One teacher-forced sequence. Feature row j is the target's hidden state at position start + j;
+    `features` is set when they were recorded while the target generated the text (distilled answers)."""
 
-    train: list[list[int]] = field(default_factory=list)
-    train_sources: list[str] = field(default_factory=list)
-    heldout: list[list[int]] = field(default_factory=list)
-    heldout_sources: list[str] = field(default_factory=list)
-
-    def add(self, source: str, sequences: list[list[int]], heldout_every: int = 20) -> None:
-        """Every `heldout_every`-th sequence of the source is held out (at least one of two or more)."""
-        for i, seq in enumerate(sequences):
-            held = len(sequences) >= 2 and i % heldout_every == min(heldout_every // 2, len(sequences) - 1)
-            (self.heldout if held else self.train).append(seq)
-            (self.heldout_sources if held else self.train_sources).append(source)
-
-    def summary(self) -> dict:
-        out = {}
-        for source in sorted(set(self.train_sources) | set(self.heldout_sources)):
-            train = [s for s, src in zip(self.train, self.train_sources, strict=True) if src == source]
-            held = [s for s, src in zip(self.heldout, self.heldout_sources, strict=True) if src == source]
-            out[source] = {
-                "train_sequences": len(train),
-                "train_tokens": sum(map(len, train)),
-                "heldout_sequences": len(held),
-                "heldout_tokens": sum(map(len, held)),
-            }
-        return out
+    tokens: list[int]
+    source: str  # "code" | "distilled" | a caller's name
+    start: int = 0
+    features: torch.Tensor | None = None  # [rows, hidden] bf16
 
     def to_state(self) -> dict:
-        return {k: getattr(self, k) for k in ("train", "train_sources", "heldout", "heldout_sources")}
+        empty = torch.zeros(0, dtype=torch.bfloat16)
+        return {"tokens": self.tokens, "source": self.source, "start": self.start, "features": empty}
+
+    @classmethod
+    def from_state(cls, state: dict) -> Example:
+        feats = state["features"]
+        return cls(state["tokens"], state["source"], state["start"], feats if feats.numel() else None)
+
+
+@dataclass
+class TrainingData:
+    """Examples split into train and held-out."""
+
+    train: list[Example] = field(default_factory=list)
+    heldout: list[Example] = field(default_factory=list)
+
+    def add(self, examples: list[Example], heldout_every: int = 20) -> None:
+        """Every `heldout_every`-th example is held out (at least one of two or more). Call once per
+        source, so that every source is evaluated."""
+        for i, ex in enumerate(examples):
+            held = len(examples) >= 2 and i % heldout_every == min(heldout_every // 2, len(examples) - 1)
+            (self.heldout if held else self.train).append(ex)
+
+    def summary(self) -> dict:
+        out: dict[str, dict] = {}
+        for split, examples in (("train", self.train), ("heldout", self.heldout)):
+            for ex in examples:
+                row = out.setdefault(
+                    ex.source, {f"{a}_{b}": 0 for a in ("train", "heldout") for b in ("sequences", "tokens")}
+                )
+                row[f"{split}_sequences"] += 1
+                row[f"{split}_tokens"] += len(ex.tokens)
+        return dict(sorted(out.items()))
+
+    def to_state(self, with_features: bool = True) -> dict:
+        """For torch.save(weights_only=True): plain lists, dicts and tensors."""
+
+        def state(ex: Example) -> dict:
+            d = ex.to_state()
+            if with_features and ex.features is not None:
+                d["features"] = ex.features
+            return d
+
+        return {"train": [state(e) for e in self.train], "heldout": [state(e) for e in self.heldout]}
 
     @classmethod
     def from_state(cls, state: dict) -> TrainingData:
-        return cls(**{k: state[k] for k in ("train", "train_sources", "heldout", "heldout_sources")})
+        return cls(
+            [Example.from_state(d) for d in state["train"]], [Example.from_state(d) for d in state["heldout"]]
+        )
 
 
-def frequency_ranked_vocab(sequences: list[list[int]], vocab_size: int, n: int) -> torch.Tensor:
-    """[n] target ids, most frequent first (ties by id); ids never seen fill the tail in id order."""
+def frequency_ranked_vocab(examples: list[Example], vocab_size: int, n: int) -> torch.Tensor:
+    """[n] target ids, most frequent first (ties by id); ids never seen fill the tail in id order.
+    Counted over the tokens the heads are trained to predict (from the first feature row's next on)."""
     counts = torch.zeros(vocab_size, dtype=torch.int64)
-    for seq in sequences:
-        counts += torch.bincount(torch.tensor(seq, dtype=torch.int64), minlength=vocab_size)[:vocab_size]
+    for ex in examples:
+        labels = torch.tensor(ex.tokens[ex.start + 1 :], dtype=torch.int64)
+        counts += torch.bincount(labels, minlength=vocab_size)[:vocab_size]
     # Stable sort on -count keeps id order among equal counts.
     return torch.sort(-counts, stable=True).indices[:n].clone()
 
 
-def distill(llm: LLM, prompts: list[Messages], max_tokens: int, batch_size: int = 16, progress: bool = True):
-    """The target's greedy answers, prompt and answer as one sequence each (the engine batches)."""
+def distill(
+    llm: LLM,
+    recorder: HiddenStateRecorder,
+    prompts: list[Messages],
+    max_tokens: int,
+    progress: bool = True,
+    stop_at: float = math.inf,
+) -> list[Example]:
+    """The target's greedy answers, with the hidden states its engine produced them from (recorded by
+    `recorder`, the engine's proposer), so the answers cost no second forward. The engine batches;
+    no new batch starts after `stop_at` (time.perf_counter())."""
     from tqdm import tqdm
 
     from specserve.engine import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0)
-    sequences: list[list[int]] = []
+    batch = llm.engine.config.max_batch_size
+    examples: list[Example] = []
     with tqdm(total=len(prompts), desc="distilling", unit="prompt", disable=not progress) as bar:
-        for start in range(0, len(prompts), batch_size):
-            chunk = prompts[start : start + batch_size]
-            for out in llm.generate(chunk, params):  # chat template applied
-                if out.error is None:
-                    sequences.append(out.prompt_token_ids + out.token_ids)
+        for start in range(0, len(prompts), batch):
+            if time.perf_counter() >= stop_at:
+                break
+            chunk = prompts[start : start + batch]
+            llm.generate(chunk, params)  # chat template applied; the recorder keeps what we need
+            for rec in recorder.pop_finished():
+                if len(rec.features):
+                    tokens = rec.prompt_token_ids + rec.output_token_ids
+                    examples.append(Example(tokens, "distilled", len(rec.prompt_token_ids) - 1, rec.features))
             bar.update(len(chunk))
-    return sequences
+    return examples

@@ -14,7 +14,14 @@ from tiny_models import build_tiny_model, make_llm, mixed_prompts
 from specserve.engine import SamplingParams
 from specserve.engine.proposer import ProposerError
 from specserve.plugins.medusa import load_medusa_heads
-from specserve.plugins.medusa_data import TrainingData, frequency_ranked_vocab
+from specserve.plugins.medusa_data import (
+    Example,
+    TrainingData,
+    distill,
+    distill_prompts,
+    frequency_ranked_vocab,
+)
+from specserve.plugins.medusa_features import RECORDER, FeatureCache
 from specserve.plugins.medusa_training import MedusaTrainConfig, head_labels, train_medusa
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
@@ -39,7 +46,7 @@ def _greedy_data(model_dir, prompts: list[list[int]], tokens: int, copies: int =
     llm = make_llm(model_dir)
     outs = llm.generate(prompts, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True), False)
     data = TrainingData()
-    data.add("distilled", [p + o.token_ids for p, o in zip(prompts, outs, strict=True)] * copies)
+    data.add([Example(p + o.token_ids, "distilled") for p, o in zip(prompts, outs, strict=True)] * copies)
     return data
 
 
@@ -76,7 +83,9 @@ def pattern_head(tiny_llama_dir, tmp_path_factory):
     prompt = [5, 6, 7, 8]
     data = _greedy_data(tiny_llama_dir, [prompt], tokens=120, copies=4)
     out = tmp_path_factory.mktemp("pattern-head")
-    cfg = _config(out, tiny_llama_dir, max_steps=150, lr=1e-2, batch_size=3, eval_every=50)
+    cfg = _config(
+        out, tiny_llama_dir, max_steps=150, lr=1e-2, projection_lr=1e-2, batch_size=3, eval_every=50
+    )
     report = train_medusa(cfg, data=data)
     return out, prompt, report
 
@@ -117,7 +126,7 @@ def test_truncated_vocabulary_is_saved_and_used(tiny_llama_dir, truncated_head):
     heads, cfg, ids = load_medusa_heads(truncated_head, hidden=64, vocab=320)
     assert ids is not None and len(ids) == 48 and heads[0][-1].weight.shape == (48, 64)
     data = torch.load(truncated_head / "checkpoint" / "data.pt", weights_only=True)
-    assert torch.equal(ids, frequency_ranked_vocab(data["data"]["train"], 320, 48))
+    assert torch.equal(ids, frequency_ranked_vocab(TrainingData.from_state(data["data"]).train, 320, 48))
     llm = make_llm(tiny_llama_dir, speculative_method="medusa", medusa_heads_path=str(truncated_head))
     llm.generate(mixed_prompts(4, seed=2), GREEDY, use_chat_template=False)
     assert llm.engine.stats.spec.num_draft_tokens > 0
@@ -192,3 +201,18 @@ def test_head_for_another_target_is_a_one_line_error(
         with pytest.raises(ProposerError, match=match) as info:
             make_llm(other, speculative_method="medusa", medusa_heads_path=str(head))
         assert "\n" not in str(info.value)
+
+
+def test_distilled_features_are_what_the_engine_hands_the_proposer(tiny_llama_dir):
+    """The recorder keeps the engine's last_hidden for every answer token: row j (position
+    len(prompt) - 1 + j) equals a teacher-forced prefill forward over prompt + answer at that position."""
+    llm = make_llm(tiny_llama_dir, speculative_method=RECORDER, num_speculative_tokens=1)
+    prompts = distill_prompts(3)
+    examples = distill(llm, llm.engine.proposer, prompts, max_tokens=12, progress=False)
+    assert len(examples) == 3
+    cache = FeatureCache(llm.engine.model, llm.engine.device, torch.float32)
+    for i, ex in enumerate(examples):
+        assert ex.features.shape[0] >= 10 and ex.start == len(ex.tokens) - 12 - 1
+        (prefill,) = cache.get([("x", i)], [ex.tokens], [ex.start])
+        rows = ex.features.shape[0]
+        torch.testing.assert_close(ex.features.float(), prefill[:rows].float(), atol=2e-2, rtol=2e-2)

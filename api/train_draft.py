@@ -172,6 +172,7 @@ def main(argv: list[str]) -> None:
     summary = {
         "output": report["output"],
         "steps": report["training"]["steps"],
+        "saved_step": report["training"]["saved_step"],
         "tokens_seen": report["training"]["tokens_seen"],
         "run_wall_seconds": report["training"]["run_wall_seconds"],
         "heldout_top1": final["top1"],

@@ -65,6 +65,8 @@ def save_medusa_heads(
         vocab_file.unlink()  # a stale map from an earlier run would silently relabel the rows
     hidden = heads[0][-1].weight.shape[1]
     meta = {"medusa_num_heads": len(heads), "medusa_num_layers": num_layers, "hidden_size": hidden}
+    if draft_ids is not None:
+        meta["draft_vocab_size"] = len(draft_ids)  # informative: draft_vocab.safetensors is what counts
     (path / CONFIG_FILE).write_text(json.dumps({**config, **meta}, indent=2) + "\n")
 
 

@@ -150,8 +150,9 @@ def _docstring_texts(root: Path) -> list[str]:
     return texts
 
 
-def distill_prompts(n: int, seed: int = 0, stdlib_root: Path | None = None) -> list[Messages]:
-    """`n` chat prompts, categories interleaved (chat twice per round: chat is what heads serve most)."""
+def distill_prompts(n: int, seed: int = 0, stdlib_root: Path | None = None) -> list[tuple[str, Messages]]:
+    """`n` (category, chat messages), categories interleaved (chat twice per round: chat is what heads
+    serve most)."""
     rng = random.Random(seed)
     chat = [t.format(topic=topic) for topic in TOPICS for t in CHAT_TEMPLATES]
     rng.shuffle(chat)
@@ -161,23 +162,23 @@ def distill_prompts(n: int, seed: int = 0, stdlib_root: Path | None = None) -> l
     docs = _docstring_texts(stdlib_root or stdlib_path()) if n >= 7 else []
     rng.shuffle(docs)
     summarise = [f"Summarise this text in two sentences:\n\n{d}" for d in docs]
-    pools: list[Callable[[int], str | None]] = [
-        lambda i: chat[(2 * i) % len(chat)],
-        lambda i: code[i] if i < len(code) else None,
-        lambda i: _maths_prompt(rng),
-        lambda i: chat[(2 * i + 1) % len(chat)],
-        lambda i: translate[i] if i < len(translate) else None,
-        lambda i: summarise[i] if i < len(summarise) else None,
+    pools: list[tuple[str, Callable[[int], str | None]]] = [
+        ("chat", lambda i: chat[(2 * i) % len(chat)]),
+        ("code", lambda i: code[i] if i < len(code) else None),
+        ("maths", lambda i: _maths_prompt(rng)),
+        ("chat", lambda i: chat[(2 * i + 1) % len(chat)]),
+        ("translation", lambda i: translate[i] if i < len(translate) else None),
+        ("summarisation", lambda i: summarise[i] if i < len(summarise) else None),
     ]
-    out: list[Messages] = []
+    out: list[tuple[str, Messages]] = []
     seen: set[str] = set()
     round_ = 0
     while len(out) < n and round_ < 10 * n + 10:
-        for pool in pools:
+        for category, pool in pools:
             text = pool(round_)
             if text is not None and text not in seen and len(out) < n:
                 seen.add(text)
-                out.append([{"role": "user", "content": text}])
+                out.append((category, [{"role": "user", "content": text}]))
         round_ += 1
     return out
 
@@ -294,14 +295,14 @@ def frequency_ranked_vocab(examples: list[Example], vocab_size: int, n: int) -> 
 def distill(
     llm: LLM,
     recorder: HiddenStateRecorder,
-    prompts: list[Messages],
+    prompts: list[tuple[str, Messages]],
     max_tokens: int,
     progress: bool = True,
     stop_at: float = math.inf,
 ) -> list[Example]:
     """The target's greedy answers, with the hidden states its engine produced them from (recorded by
     `recorder`, the engine's proposer), so the answers cost no second forward. The engine batches;
-    no new batch starts after `stop_at` (time.perf_counter())."""
+    no new batch starts after `stop_at` (time.perf_counter()). Source: "distilled/<category>"."""
     from tqdm import tqdm
 
     from specserve.engine import SamplingParams
@@ -314,10 +315,12 @@ def distill(
             if time.perf_counter() >= stop_at:
                 break
             chunk = prompts[start : start + batch]
-            llm.generate(chunk, params)  # chat template applied; the recorder keeps what we need
+            category_of = {tuple(llm.encode_prompt(m)): c for c, m in chunk}
+            llm.generate([m for _, m in chunk], params)  # chat template applied; the recorder keeps the rest
             for rec in recorder.pop_finished():
                 if len(rec.features):
                     tokens = rec.prompt_token_ids + rec.output_token_ids
-                    examples.append(Example(tokens, "distilled", len(rec.prompt_token_ids) - 1, rec.features))
+                    source = f"distilled/{category_of.get(tuple(rec.prompt_token_ids), 'other')}"
+                    examples.append(Example(tokens, source, len(rec.prompt_token_ids) - 1, rec.features))
             bar.update(len(chunk))
     return examples

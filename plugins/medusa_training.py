@@ -11,7 +11,8 @@ ignored in the loss (the head cannot name them) and count as misses in the accur
 
 Run: build or reload the data (medusa_data.py), evaluate at step 0 and every `eval_every` steps on the
 held-out split, checkpoint (heads, optimizer, step, data position, curve) at each evaluation, stop at
-the time budget or the step limit, write the head (medusa.py's layout) and train_report.json.
+the time budget or the step limit. The head written (medusa.py's layout) is the evaluation with the best
+held-out expected acceptance length (early stopping), with train_report.json beside it.
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ class Progress:
     tokens_seen: int = 0
     train_seconds: float = 0.0  # optimizer-loop time over every run so far
     curve: list | None = None
+    best_step: int = -1  # the evaluation whose heads are saved (early stopping)
+    best_score: float = -math.inf  # its held-out expected acceptance length
 
 
 def train_medusa(cfg: MedusaTrainConfig, data: TrainingData | None = None) -> dict:
@@ -114,8 +117,8 @@ def train_medusa(cfg: MedusaTrainConfig, data: TrainingData | None = None) -> di
         speculative_policy="static",
         num_speculative_tokens=1,
         max_length=1024,
-        max_kv_cache_tokens=32 * 1024,
-        max_batch_size=32,
+        max_kv_cache_tokens=64 * 1024,
+        max_batch_size=64,  # decode rows are cheaper in bigger batches; KV pages are touched lazily
         cache_dir=cfg.cache_dir,
     )
     model, arch = llm.engine.model, llm.engine.arch
@@ -140,8 +143,18 @@ def train_medusa(cfg: MedusaTrainConfig, data: TrainingData | None = None) -> di
     evaluate = _Evaluator(data, features, row_of, draft_ids, cfg)
     head_info = {"model_path": cfg.model_path, "vocab_size": arch.vocab_size, "hidden_size": arch.hidden_size}
     last_eval_s, step_s = 0.0, 0.0
+
+    def checkpoint() -> None:
+        """Evaluate; save the head if it is the best so far, and the state to resume from."""
+        progress.curve.append(evaluate(heads, progress, time.perf_counter() - run_start))
+        score = progress.curve[-1]["all"]["expected_acceptance_length"]
+        if score >= progress.best_score:  # ties: the later (longer trained) heads
+            progress.best_step, progress.best_score = progress.step, score
+            save_medusa_heads(cfg.output, heads, cfg.num_layers, head_info, draft_ids)
+        _save_state(cfg, ckpt, heads, optimizer, progress)
+
     if not progress.curve:
-        progress.curve = [evaluate(heads, progress, time.perf_counter() - run_start)]
+        checkpoint()
         last_eval_s = progress.curve[-1]["eval_seconds"]
     from tqdm import tqdm
 
@@ -176,13 +189,11 @@ def train_medusa(cfg: MedusaTrainConfig, data: TrainingData | None = None) -> di
         bar.update(1)
         bar.set_postfix(loss=f"{sum(losses):.3f}", epoch=progress.epoch, left=_left(deadline))
         if progress.step % cfg.eval_every == 0:
-            progress.curve.append(evaluate(heads, progress, time.perf_counter() - run_start))
+            checkpoint()
             last_eval_s = progress.curve[-1]["eval_seconds"]
-            _save(cfg, ckpt, heads, optimizer, progress, draft_ids, head_info)
     bar.close()
     if progress.curve[-1]["step"] != progress.step:
-        progress.curve.append(evaluate(heads, progress, time.perf_counter() - run_start))
-    _save(cfg, ckpt, heads, optimizer, progress, draft_ids, head_info)
+        checkpoint()
     report = _report(cfg, arch, data, data_info, draft_ids, progress, features, stop_reason, run_start)
     (cfg.output / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
     return report
@@ -209,7 +220,8 @@ def _data(
         prompts = distill_prompts(cfg.distill_prompts, cfg.seed)
         recorder = llm.engine.proposer
         answers = distill(llm, recorder, prompts, cfg.distill_max_tokens, cfg.progress, distill_stop)
-        data.add(answers, cfg.heldout_every)
+        for source in sorted({a.source for a in answers}):  # a held-out share of every category
+            data.add([a for a in answers if a.source == source], cfg.heldout_every)
         distill_s = time.perf_counter() - t
     if not data.train or not data.heldout:
         raise TrainDraftError("not enough training text: raise --code-tokens or --distill-prompts")
@@ -426,9 +438,8 @@ def _check_output(cfg: MedusaTrainConfig, ckpt: Path) -> None:
             raise TrainDraftError(f"--resume with other {', '.join(changed)} than the checkpoint's")
 
 
-def _save(cfg, ckpt: Path, heads, optimizer, progress: Progress, draft_ids, head_info: dict) -> None:
-    """The head (usable as is) and the state to resume from, each written then renamed into place."""
-    save_medusa_heads(cfg.output, heads, cfg.num_layers, head_info, draft_ids)
+def _save_state(cfg, ckpt: Path, heads, optimizer, progress: Progress) -> None:
+    """What --resume continues from (the current heads, not the best ones), written then renamed."""
     ckpt.mkdir(parents=True, exist_ok=True)
     tmp = ckpt / "state.pt.tmp"
     torch.save(
@@ -451,7 +462,7 @@ def _left(deadline: float) -> str:
 
 
 def _report(cfg, arch, data, data_info, draft_ids, progress, features, stop_reason, run_start) -> dict:
-    final = progress.curve[-1]
+    best = next(p for p in progress.curve if p["step"] == progress.best_step)
     return {
         "method": "medusa",
         "model_path": cfg.model_path,
@@ -465,6 +476,7 @@ def _report(cfg, arch, data, data_info, draft_ids, progress, features, stop_reas
         "data": data_info,
         "training": {
             "steps": progress.step,
+            "saved_step": progress.best_step,
             "epochs_completed": progress.epoch,
             "tokens_seen": progress.tokens_seen,
             "train_seconds": round(progress.train_seconds, 1),
@@ -476,6 +488,9 @@ def _report(cfg, arch, data, data_info, draft_ids, progress, features, stop_reas
             "threads": torch.get_num_threads(),
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
         },
-        "heldout": final,
+        # The saved head is the evaluation with the best held-out expected acceptance length (early
+        # stopping: a few thousand answers are seen many times in a long run, and heads overfit them).
+        "heldout": best,
+        "final_step_heldout": progress.curve[-1],
         "curve": progress.curve,
     }

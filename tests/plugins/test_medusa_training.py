@@ -105,12 +105,24 @@ def test_head_trained_on_a_repeating_pattern_is_accepted(tiny_llama_dir, pattern
 
 
 def test_saved_head_reloads_bit_exactly(tiny_llama_dir, pattern_head):
-    out, _, _ = pattern_head
+    """The heads the trainer ended with (its resume state; the saved step is the last one here) are
+    the proposer's heads, bit for bit."""
+    out, _, report = pattern_head
+    assert report["training"]["saved_step"] == report["training"]["steps"]
     trained = torch.load(out / "checkpoint" / "state.pt", weights_only=True)["heads"]
     llm = make_llm(tiny_llama_dir, speculative_method="medusa", medusa_heads_path=str(out))
     loaded = llm.engine.proposer.heads.state_dict()
     assert trained.keys() == loaded.keys()
     assert all(torch.equal(trained[k], loaded[k]) for k in trained)
+
+
+def test_the_best_evaluation_is_the_saved_head(tiny_llama_dir, tmp_path):
+    report = train_medusa(_config(tmp_path / "head", tiny_llama_dir, max_steps=10, eval_every=3))
+    scores = {p["step"]: p["all"]["expected_acceptance_length"] for p in report["curve"]}
+    assert list(scores) == [0, 3, 6, 9, 10]
+    best = report["training"]["saved_step"]
+    assert scores[best] == max(scores.values()) and report["heldout"]["step"] == best
+    assert report["final_step_heldout"]["step"] == 10
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +221,7 @@ def test_distilled_features_are_what_the_engine_hands_the_proposer(tiny_llama_di
     llm = make_llm(tiny_llama_dir, speculative_method=RECORDER, num_speculative_tokens=1)
     prompts = distill_prompts(3)
     examples = distill(llm, llm.engine.proposer, prompts, max_tokens=12, progress=False)
-    assert len(examples) == 3
+    assert {e.source for e in examples} == {"distilled/chat", "distilled/code", "distilled/maths"}
     cache = FeatureCache(llm.engine.model, llm.engine.device, torch.float32)
     for i, ex in enumerate(examples):
         assert ex.features.shape[0] >= 10 and ex.start == len(ex.tokens) - 12 - 1

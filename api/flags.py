@@ -78,9 +78,9 @@ SPEC_FLAGS = [
         "speculative_method",
         str,
         "auto",
-        "auto|none|ngram|draft_model|medusa|<plugin>|pkg.module:Class, or a comma list such as"
+        "auto|none|ngram|draft_model|medusa|eagle|<plugin>|pkg.module:Class, or a comma list such as"
         " ngram,draft_model (per request per step the proposer expected to do best; auto: ngram,draft_model"
-        " if a draft is given, else ngram)",
+        " if a draft is given, the head's method with --speculative-head-path, else ngram)",
         "speculative decoding",
     ),
     Flag(
@@ -103,7 +103,21 @@ SPEC_FLAGS = [
     ),
     Flag("ngram_min", int, 1, "shortest n-gram matched by prompt lookup", "speculative decoding"),
     Flag("ngram_max", int, 4, "longest n-gram matched by prompt lookup", "speculative decoding"),
-    Flag("medusa_heads_path", str, None, "directory with a Medusa-1 head checkpoint", "speculative decoding"),
+    Flag(
+        "speculative_head_path",
+        str,
+        None,
+        "directory with a draft head the target's features drive: EAGLE-1/2 (config.json + model.safetensors"
+        " or pytorch_model.bin) or Medusa-1 (medusa_lm_head.safetensors), e.g. from specserve train-draft",
+        "speculative decoding",
+    ),
+    Flag(
+        "medusa_heads_path",
+        str,
+        None,
+        "directory with a Medusa-1 head checkpoint (--speculative-head-path for Medusa heads)",
+        "speculative decoding",
+    ),
     Flag(
         "speculative_disable_batch_size",
         int,

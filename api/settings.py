@@ -109,6 +109,7 @@ def engine_config_from(settings: BaseSettings) -> EngineConfig:
         ngram_min=s.ngram_min,
         ngram_max=s.ngram_max,
         medusa_heads_path=s.medusa_heads_path,
+        speculative_head_path=s.speculative_head_path,
         speculative_disable_batch_size=s.speculative_disable_batch_size,
         block_size=s.kv_cache_page_size,
         device_memory_utilization=s.device_memory_utilization,

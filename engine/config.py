@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -96,6 +97,8 @@ class EngineConfig:
     ngram_min: int = 1
     ngram_max: int = 4
     medusa_heads_path: str | None = None
+    # A head the target's features drive (EAGLE, or Medusa: then the same as medusa_heads_path).
+    speculative_head_path: str | None = None
     speculative_disable_batch_size: int | None = None
     block_size: int = 16
     device_memory_utilization: float = 0.9
@@ -130,12 +133,16 @@ class EngineConfig:
         """The proposers to build, cheapest first (more than one: a hybrid); [] or ["none"]: none.
 
         auto: ngram,draft_model with a draft model (lookup is free, the draft serves the rest),
-        medusa with Medusa heads, else ngram."""
+        the head's method with --speculative-head-path (medusa with Medusa heads), else ngram."""
         if self.speculative_method.strip() == "auto":
             if self.draft is not None and self.draft.model_path is not None:
                 return ["ngram", "draft_model"]
             if self.medusa_heads_path:
                 return ["medusa"]
+            if self.speculative_head_path:
+                # Told apart by the weights' file name (engine code never imports the plugins).
+                medusa = (Path(self.speculative_head_path) / "medusa_lm_head.safetensors").exists()
+                return ["medusa" if medusa else "eagle"]
             return ["ngram"]
         return parse_method_list(self.speculative_method)
 

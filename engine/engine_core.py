@@ -202,10 +202,11 @@ class EngineCore:
         draft_start = time.perf_counter()
         drafts = self._propose(sched.scheduled)
         draft_seconds = time.perf_counter() - draft_start
-        batch = WindowBatch.build(sched.scheduled, self._states, drafts)
+        all_hidden = self.proposer is not None and self.proposer.needs_all_hidden_states
+        batch = WindowBatch.build(sched.scheduled, self._states, drafts, all_hidden)
         try:
             forward_start = time.perf_counter()
-            logits, hidden = self._forward(batch)
+            logits, hidden, all_rows = self._forward(batch)
             forward_seconds = time.perf_counter() - forward_start
         except Exception as exc:  # a fault in the batch forward: fail those requests, keep serving
             logger.exception("model forward failed; failing %d requests", len(sched.scheduled))
@@ -213,7 +214,7 @@ class EngineCore:
                 outputs.append(self._fail(s.request, str(exc)))
             return outputs
         emitted = self._verify(batch, logits)
-        outputs += self._commit(batch, emitted, logits, hidden)
+        outputs += self._commit(batch, emitted, logits, hidden, all_rows)
         step_seconds = time.perf_counter() - step_start
         self._observe_step(sched, batch, emitted, draft_seconds, forward_seconds, step_seconds)
         self.stats.bound_events()
@@ -370,17 +371,21 @@ class EngineCore:
                 problem,
             )
 
-    def _forward(self, batch: WindowBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the target over every scheduled request; logits and hidden states of the window rows."""
+    def _forward(self, batch: WindowBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Run the target over every scheduled request: logits and hidden states of the window rows,
+        and (for a proposer with needs_all_hidden_states) the hidden state of every fed token."""
         t0 = time.perf_counter()
         hidden = forward_sequences(
             self.model, self.kv_cache, batch.sequences, self.config.block_size, self.device
         )
+        all_rows = None
+        if batch.window_rows is not None:
+            all_rows, hidden = hidden, hidden.index_select(0, batch.window_rows.to(hidden.device))
         with torch.inference_mode():
             logits = self.model.compute_logits(hidden).cpu()  # [batch.num_rows, vocab]
         if any(w.draft.token_ids for w in batch.windows):
             self.stats.spec.verify_seconds += time.perf_counter() - t0
-        return logits, hidden  # [N, vocab], [N, hidden]
+        return logits, hidden, all_rows  # [N, vocab], [N, hidden], [fed tokens, hidden] or None
 
     def _verify(self, batch: WindowBatch, logits: torch.Tensor) -> list[list[int] | None]:
         """Emitted tokens per window (accepted drafts + one recovered or bonus token); None for a
@@ -436,13 +441,20 @@ class EngineCore:
         emitted_all: list[list[int] | None],
         logits: torch.Tensor,  # [N, vocab]
         hidden: torch.Tensor,  # [N, hidden]
+        all_rows: torch.Tensor | None = None,  # [fed tokens, hidden]: see WindowBatch.hidden_starts
     ) -> list[RequestOutput]:
         """Advance every scheduled request; append the emitted tokens of those that sampled."""
-        for s in batch.scheduled:
+        for i, s in enumerate(batch.scheduled):
             req = s.request
+            start = req.num_computed_tokens
             req.num_computed_tokens += s.num_new_tokens
             if req.num_computed_tokens < req.num_tokens:  # a prefill chunk that samples nothing
                 self.kv_manager.cache_computed_blocks(req)
+                if all_rows is not None and batch.hidden_starts is not None and self.proposer is not None:
+                    first = batch.hidden_starts[i]
+                    self.proposer.on_hidden_states(
+                        req, start, all_rows[first : first + s.num_new_tokens].clone()
+                    )
         outputs = []
         now = time.monotonic()
         for w, emitted in zip(batch.windows, emitted_all, strict=True):
@@ -453,7 +465,7 @@ class EngineCore:
                 outputs.append(self._fail(req, "non-finite logits (NaN or inf) in this request's forward"))
                 continue
             try:
-                outputs.append(self._commit_window(w, emitted, logits, hidden, now))
+                outputs.append(self._commit_window(w, emitted, logits, hidden, now, all_rows))
             except Exception as exc:  # one request's fault stays in that request
                 logger.exception("request %s failed in update", req.request_id)
                 outputs.append(self._fail(req, str(exc)))
@@ -466,6 +478,7 @@ class EngineCore:
         logits: torch.Tensor,  # [N, vocab]
         hidden: torch.Tensor,  # [N, hidden]
         now: float,
+        all_rows: torch.Tensor | None = None,  # [fed tokens, hidden]
     ) -> RequestOutput:
         state, req = w.state, w.state.request
         num_drafts, num_accepted = len(w.draft.token_ids), len(emitted) - 1
@@ -484,6 +497,13 @@ class EngineCore:
         # The KV of the accepted drafts is valid; the rest of the window is overwritten later.
         req.num_computed_tokens += num_accepted
         if self.proposer is not None:
+            if all_rows is not None:  # every verified position: the fed tokens and accepted drafts
+                verified = w.num_new_tokens + num_accepted
+                self.proposer.on_hidden_states(
+                    req,
+                    req.num_computed_tokens - verified,
+                    all_rows[w.hidden_row : w.hidden_row + verified].clone(),
+                )
             self.proposer.on_accepted(req, accepted_proposed)
             if self.proposer.needs_hidden_states:
                 state.last_hidden = hidden[w.first_row + num_accepted].clone()

@@ -48,6 +48,7 @@ class HybridProposer(Proposer):
         self.proposers = proposers
         self.name = ",".join(p.name for p in proposers)
         self.needs_hidden_states = any(p.needs_hidden_states for p in proposers)
+        self.needs_all_hidden_states = any(p.needs_all_hidden_states for p in proposers)
         self._global = [INITIAL_ACCEPTANCE] * len(proposers)
         self._requests: dict[str, _RequestChoice] = {}
 
@@ -113,6 +114,11 @@ class HybridProposer(Proposer):
             choice.proposer, choice.num_drafts = -1, 0
         for p in self.proposers:
             p.on_accepted(request, num_accepted)
+
+    def on_hidden_states(self, request: Request, start_position: int, hidden: torch.Tensor) -> None:
+        for p in self.proposers:
+            if p.needs_all_hidden_states:
+                p.on_hidden_states(request, start_position, hidden)
 
     def on_preempted(self, request: Request) -> None:
         for p in self.proposers:

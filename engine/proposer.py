@@ -8,6 +8,8 @@ When each hook is called, in the life of one request:
 
     bind_kv_cache(num_slots)           once at start-up, after the KV pool is sized
     propose(batch)                     every step the request decodes with k >= 1 draft slots
+    on_hidden_states(request, p, h)    every step the target verified positions of the request (only
+                                       for proposers with needs_all_hidden_states)
     on_accepted(request, n)            every step the request samples a token (n accepted drafts, 0..k)
     on_preempted(request)              its KV blocks were freed; it will be recomputed from scratch
     on_finished(request)               finished for any reason (stop, length, abort, error)
@@ -91,6 +93,10 @@ class Proposer:
     # True: the engine keeps the target's last hidden state per request and passes it in
     # ProposalRequest.last_hidden (heads that read the target's features: Medusa, EAGLE).
     needs_hidden_states: bool = False
+    # True: the engine hands over the target's final hidden state of EVERY position it verifies
+    # (prompt chunks, the last token, accepted drafts) through `on_hidden_states` (EAGLE: its head
+    # reads the feature sequence, not just the last one).
+    needs_all_hidden_states: bool = False
 
     def __init__(self, ctx: ProposerContext) -> None:
         self.ctx = ctx
@@ -122,6 +128,13 @@ class Proposer:
         `num_accepted` of this step's drafts were kept (0 when it had none, or the engine dropped
         them). `request.num_computed_tokens` already counts them, so any proposer state past that
         position is stale."""
+
+    def on_hidden_states(self, request: Request, start_position: int, hidden: torch.Tensor) -> None:
+        """Only with `needs_all_hidden_states`: `hidden` [n, hidden] are the target's final-normed hidden
+        states at the request's positions start_position .. start_position + n - 1, all verified (the
+        tokens there are the request's). Called after the forward, before `on_accepted`; consecutive
+        calls continue where the previous one ended, except after a prefix-cache hit (the cached
+        positions get none) or a preemption."""
 
     def on_preempted(self, request: Request) -> None:
         """The request lost its KV blocks and will be recomputed: forget its cached state."""

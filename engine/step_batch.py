@@ -55,6 +55,8 @@ class VerificationWindow:
     state: RequestState
     draft: Draft
     first_row: int
+    hidden_row: int = 0  # with all hidden states: row of this request's first fed token in them
+    num_new_tokens: int = 1  # tokens fed besides the drafts (1 in decode; a prefill's last chunk)
 
     @property
     def num_rows(self) -> int:
@@ -71,6 +73,11 @@ class WindowBatch:
     sequences: list[SequenceInput]  # one per scheduled request, in order: the target's input
     windows: list[VerificationWindow]  # the scheduled requests that sample, in logits-row order
     num_rows: int  # logits rows the target returns: sum of the windows' rows
+    # With all hidden states (a proposer that reads every feature): the target returns a hidden row
+    # for every fed token; `hidden_starts[i]` is sequence i's first row there and `window_rows`
+    # [num_rows] picks the windows' rows out of them for the logits. None: hidden rows = window rows.
+    hidden_starts: list[int] | None = None
+    window_rows: torch.Tensor | None = None
 
     @classmethod
     def build(
@@ -78,10 +85,14 @@ class WindowBatch:
         scheduled: list[ScheduledRequest],
         states: dict[str, RequestState],
         drafts: dict[str, Draft],
+        all_hidden: bool = False,
     ) -> WindowBatch:
         sequences: list[SequenceInput] = []
         windows: list[VerificationWindow] = []
         row = 0
+        hidden_starts: list[int] = []
+        window_rows: list[int] = []
+        hidden_row = 0
         for s in scheduled:
             req = s.request
             start = req.num_computed_tokens
@@ -89,10 +100,24 @@ class WindowBatch:
             # A request samples once this step's tokens reach its end (decode, or a prefill's last chunk).
             samples = start + s.num_new_tokens == req.num_tokens
             draft = drafts.get(req.request_id, Draft([], None)) if samples else Draft([], None)
-            window = VerificationWindow(states[req.request_id], draft, row) if samples else None
-            num_outputs = window.num_rows if window else 0
-            sequences.append(SequenceInput(tokens + draft.token_ids, start, req.block_ids, num_outputs))
+            window = (
+                VerificationWindow(states[req.request_id], draft, row, hidden_row, len(tokens))
+                if samples
+                else None
+            )
+            fed = tokens + draft.token_ids
+            num_outputs = len(fed) if all_hidden else (window.num_rows if window else 0)
+            sequences.append(SequenceInput(fed, start, req.block_ids, num_outputs))
+            hidden_starts.append(hidden_row)
             if window is not None:
                 windows.append(window)
                 row += window.num_rows
-        return cls(scheduled, sequences, windows, row)
+                # the window's rows: its last token (or chunk's last) and the drafts, at the end
+                first = hidden_row + len(fed) - window.num_rows
+                window_rows += range(first, first + window.num_rows)
+            hidden_row += num_outputs
+        if not all_hidden:
+            return cls(scheduled, sequences, windows, row)
+        return cls(
+            scheduled, sequences, windows, row, hidden_starts, torch.tensor(window_rows, dtype=torch.long)
+        )

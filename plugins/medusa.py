@@ -130,12 +130,11 @@ class MedusaProposer(Proposer):
 
     def __init__(self, ctx: ProposerContext):
         super().__init__(ctx)
-        if not ctx.config.medusa_heads_path:
-            raise ProposerError("--speculative-method medusa needs --medusa-heads-path")
+        path = ctx.config.medusa_heads_path or ctx.config.speculative_head_path
+        if not path:
+            raise ProposerError("--speculative-method medusa needs --speculative-head-path (or --medusa-heads-path)")
         cfg = ctx.target.config
-        heads, _, draft_ids = load_medusa_heads(
-            Path(ctx.config.medusa_heads_path), cfg.hidden_size, cfg.vocab_size
-        )
+        heads, _, draft_ids = load_medusa_heads(Path(path), cfg.hidden_size, cfg.vocab_size)
         self.heads = heads.to(device=ctx.device, dtype=ctx.dtype).eval().requires_grad_(False)
         self.num_heads = len(self.heads)
         self.vocab_size = cfg.vocab_size

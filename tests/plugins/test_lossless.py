@@ -35,6 +35,12 @@ def _method_kwargs(method, request, draft="tiny_draft_dir"):
             "speculative_method": "medusa",
             "medusa_heads_path": str(request.getfixturevalue("medusa_heads_dir")),
         }
+    if method in ("eagle", "eagle-vocab"):
+        fixture = "eagle_head_dir" if method == "eagle" else "eagle_vocab_head_dir"
+        return {
+            "speculative_method": "eagle",
+            "speculative_head_path": str(request.getfixturevalue(fixture)),
+        }
     if method == "toy":
         return {"speculative_method": request.getfixturevalue("toy_plugin_entry_point")}
     if method == "bigram":
@@ -61,7 +67,9 @@ def _check_k_varied(llm, policy):
 
 
 @pytest.mark.parametrize("policy", ["static", "adaptive"])
-@pytest.mark.parametrize("method", ["ngram", "draft_model", "medusa", "toy", "bigram", "ngram,draft_model"])
+@pytest.mark.parametrize(
+    "method", ["ngram", "draft_model", "medusa", "eagle", "eagle-vocab", "toy", "bigram", "ngram,draft_model"]
+)
 @pytest.mark.parametrize(
     "engine_kwargs",
     [
@@ -132,6 +140,8 @@ def _chi_square_p_value(a: list[tuple], b: list[tuple]) -> float:
         ("draft_model", "static"),
         ("ngram", "static"),
         ("bigram", "static"),
+        ("eagle", "static"),
+        ("eagle-vocab", "static"),
         ("draft_model", "adaptive"),
         ("ngram", "adaptive"),
         ("ngram,draft_model", "adaptive"),

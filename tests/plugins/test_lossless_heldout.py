@@ -138,8 +138,11 @@ def test_plain_sampler_matches_reference(plain_samples, exact):
 
 @pytest.mark.parametrize(
     ("method", "n"),
-    [(m, N_DEFAULT) for m in ("ngram", "draft_model", "medusa")]
-    + [pytest.param(m, N_SLOW, marks=SLOW) for m in ("ngram", "draft_model", "medusa")],
+    [(m, N_DEFAULT) for m in ("ngram", "draft_model", "medusa", "eagle", "eagle-vocab")]
+    + [
+        pytest.param(m, N_SLOW, marks=SLOW)
+        for m in ("ngram", "draft_model", "medusa", "eagle", "eagle-vocab")
+    ],
 )
 def test_sampled_speculation_with_processors_follows_plain(
     tiny_llama_dir, exact, plain_samples, method, n, request
@@ -206,7 +209,7 @@ def _k_overrides(k) -> dict:
 @pytest.mark.parametrize(
     ("method", "n"),
     [("draft_model", N_SMALL), ("ngram", N_SMALL)]
-    + [pytest.param(m, 3000, marks=SLOW) for m in ("draft_model", "ngram", "medusa")],
+    + [pytest.param(m, 3000, marks=SLOW) for m in ("draft_model", "ngram", "medusa", "eagle")],
 )
 def test_greedy_and_sampled_share_verify_batches(tiny_llama_dir, exact, method, n, request):
     """One generate call: greedy requests (token-for-token plain greedy) and sampled requests (the plain
@@ -240,11 +243,11 @@ def test_greedy_and_sampled_share_verify_batches(tiny_llama_dir, exact, method, 
         assert sum(o.spec.num_draft_tokens for o in kind) > 0
 
 
-@pytest.mark.parametrize(("method", "k"), [("draft_model", 2), ("ngram", 2), ("medusa", 1)])
+@pytest.mark.parametrize(("method", "k"), [("draft_model", 2), ("ngram", 2), ("medusa", 1), ("eagle", 1)])
 def test_sampled_logprobs_equal_plain_model_logprobs(tiny_llama_dir, method, k, request):
     """Logprobs (chosen token and top 3) of sampled accepted, recovered and bonus tokens are the plain
     model's log-softmax at that position, as plain decoding reports them. (Medusa's random heads
-    rarely agree twice in a row: k = 1 there, so an accepted draft is always followed by a bonus.)"""
+    rarely agree twice in a row, nor do EAGLE's: k = 1 there, so an accepted draft is always followed by a bonus.)"""
     model = hf_model(tiny_llama_dir)
     prompts = [PROMPT] * 8 + mixed_prompts(8, seed=4)
     params = seeded(SETS["A"], len(prompts), base=6_000_000, max_tokens=12, logprobs=3)

@@ -21,8 +21,15 @@ def _fails(capsys, *argv: str) -> str:
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
-        (["--method", "eagle", "--output", "x"], "not implemented yet (issue 15)"),
-        (["--method", "eagle"], "not implemented yet (issue 15)"),
+        (["--method", "eagle"], "--output DIR is required"),
+        (
+            ["--method", "eagle", "--output", "x", "--num-heads", "3"],
+            "--num-heads: not a --method eagle option",
+        ),
+        (["--method", "eagle", "--output", "x", "--projection-lr", "0"], "not a --method eagle option"),
+        (["--method", "medusa", "--output", "x", "--unroll", "2"], "--unroll: not a --method medusa option"),
+        (["--method", "eagle", "--output", "x", "--unroll", "0"], "--unroll must be in [1, 8]"),
+        (["--method", "eagle", "--output", "x", "--lr", "0"], "--lr must be > 0"),
         (["--method", "lookahead", "--output", "x"], "--method must be one of medusa, eagle"),
         (["--method", "medusa"], "--output DIR is required"),
         (["--method", "medusa", "--output", "x", "--num-heads", "0"], "--num-heads"),
@@ -62,3 +69,19 @@ def test_tiny_run_writes_head_and_report(capsys, tiny_llama_dir, tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert config["medusa_num_heads"] == 2 and config["hidden_size"] == 64 and config["vocab_size"] == 320
     assert (out / "draft_vocab.safetensors").exists() and (out / "train_report.json").exists()
+
+
+def test_tiny_eagle_run_writes_head_and_report(capsys, tiny_llama_dir, tmp_path):
+    out = tmp_path / "head"
+    main(
+        ["train-draft", "--method", "eagle", "--model-path", str(tiny_llama_dir), "--output", str(out)]
+        + ["--max-steps", "2", "--code-tokens", "1500", "--draft-vocab-size", "64", "--eval-positions", "3"]
+        + ["--threads", "1", "--no-progress"]
+    )
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["steps"] == 2 and len(summary["heldout_top1"]) == 3
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1 and config["hidden_size"] == 64 and config["vocab_size"] == 320
+    assert (out / "model.safetensors").exists() and (out / "draft_vocab.safetensors").exists()
+    report = json.loads((out / "train_report.json").read_text())
+    assert report["method"] == "eagle" and report["head"]["draft_vocab_size"] == 64

@@ -1,4 +1,4 @@
-"""Batch 1, greedy: a Medusa head (from `specserve train-draft`) against n-gram lookup and plain decoding.
+"""Batch 1, greedy: Medusa and EAGLE heads (from `specserve train-draft`) against n-gram lookup and plain.
 
 One engine per arm (the proposer is an engine setting), all on the same target; every round runs each
 arm once on one prompt, rotated, so slow drifts of a shared machine hit every arm alike. Reports decode
@@ -7,6 +7,7 @@ per prompt and repeat), per-position acceptance, and the proposal cost: proposer
 step against a plain decode step.
 
     python -m specserve.benchmarks.bench_medusa --medusa-heads-path DIR --categories multi_turn,qa
+    python -m specserve.benchmarks.bench_medusa --eagle-head-path DIR --arms plain,ngram,eagle,eagle-static
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .prompt_sets import load_prompts, parse_categories
 
 SCHEMA = "specserve.bench.medusa/1"
 KIND = "medusa"
-# arm -> engine settings; "{heads}" is replaced by --medusa-heads-path
+# arm -> engine settings; "{heads}" / "{eagle}" are replaced by --medusa-heads-path / --eagle-head-path
 ARMS: dict[str, dict[str, Any]] = {
     "plain": {"speculative_method": "none"},
     "ngram": {"speculative_method": "ngram"},
@@ -42,13 +43,20 @@ ARMS: dict[str, dict[str, Any]] = {
         "medusa_heads_path": "{heads}",
         "speculative_policy": "static",
     },
+    "eagle": {"speculative_method": "eagle", "speculative_head_path": "{eagle}"},
+    "eagle-static": {
+        "speculative_method": "eagle",
+        "speculative_head_path": "{eagle}",
+        "speculative_policy": "static",
+    },
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_medusa", description=__doc__.splitlines()[0])
     p.add_argument("--model-path", default=None, help="target (default: the embedded SmolLM2-135M)")
-    p.add_argument("--medusa-heads-path", required=True, help="a head written by specserve train-draft")
+    p.add_argument("--medusa-heads-path", default=None, help="Medusa heads (train-draft --method medusa)")
+    p.add_argument("--eagle-head-path", default=None, help="an EAGLE head (train-draft --method eagle)")
     p.add_argument("--quantization-encoding", default="bfloat16")
     p.add_argument("--arms", default="plain,ngram,medusa,ngram-static,medusa-static", help=", ".join(ARMS))
     p.add_argument("--num-speculative-tokens", type=int, default=None, help="K (default: the engine's)")
@@ -65,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _engine(args: argparse.Namespace, arm: str) -> Any:
     from specserve.engine import LLM
 
-    settings = {k: (args.medusa_heads_path if v == "{heads}" else v) for k, v in ARMS[arm].items()}
+    paths = {"{heads}": args.medusa_heads_path, "{eagle}": args.eagle_head_path}
+    settings = {k: paths.get(v, v) if isinstance(v, str) else v for k, v in ARMS[arm].items()}
     if args.num_speculative_tokens is not None and arm != "plain":
         settings["num_speculative_tokens"] = args.num_speculative_tokens
     return LLM(
@@ -85,6 +94,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     unknown = [a for a in arms if a not in ARMS]
     if unknown or "plain" not in arms:
         raise SystemExit(f"bench_medusa: --arms needs plain and names from {', '.join(ARMS)}; got {unknown}")
+    for prefix, path, flag in (
+        ("medusa", args.medusa_heads_path, "--medusa-heads-path"),
+        ("eagle", args.eagle_head_path, "--eagle-head-path"),
+    ):
+        if path is None and any(a.startswith(prefix) for a in arms):
+            raise SystemExit(f"bench_medusa: the {prefix} arms need {flag}")
     engines = {arm: _engine(args, arm) for arm in arms}
     prompt_set = load_prompts(parse_categories(args.categories), args.per_category)
     tokenizer = engines["plain"].tokenizer
@@ -209,11 +224,11 @@ def markdown(report: dict[str, Any]) -> str:
                 ]
             )
     lines = [
-        "# bench medusa (batch 1, greedy)",
+        "# bench medusa / eagle heads (batch 1, greedy)",
         "",
         f"`{report['command']}`",
         "",
-        f"Heads {cfg['medusa_heads_path']}, {cfg['quantization_encoding']} target, {cfg['max_tokens']} tokens,"
+        f"Medusa {cfg['medusa_heads_path']}, EAGLE {cfg.get('eagle_head_path')}, {cfg['quantization_encoding']} target, {cfg['max_tokens']} tokens,"
         f" EOS ignored, {cfg['repeats']} repeat(s), arms interleaved; ratios are paired medians.",
         "",
         md_table(header, rows),

@@ -41,3 +41,45 @@ def tiny_close_draft_dir(tmp_path_factory) -> Path:
     """A draft closer to the target (a quarter of tiny_draft_dir's noise): accepted often enough on
     every position that the adaptive controller keeps drafting with it, yet not always."""
     return _noisy_copy_of_target(tmp_path_factory.mktemp("tiny-close-draft"), 0.01)
+
+
+def _eagle_head(tiny_dir: Path, seed: int):
+    """A random EAGLE head for the tiny target whose prediction starts near "the next feature is this
+    one" (fc = [small | I]): drafts are often wrong and sometimes right, as rejection tests need."""
+    import torch
+
+    from specserve.engine.models.arch import ArchConfig
+    from specserve.plugins.eagle_head import EagleHead, head_arch
+
+    arch = ArchConfig.from_directory(tiny_dir)
+    torch.manual_seed(seed)
+    head = EagleHead(head_arch(arch))
+    with torch.no_grad():
+        hidden = arch.hidden_size
+        head.fc.weight.mul_(0.1)
+        head.fc.weight[:, hidden:] += torch.eye(hidden)
+    return head
+
+
+@pytest.fixture(scope="session")
+def eagle_head_dir(tmp_path_factory, tiny_llama_dir) -> Path:
+    """A random EAGLE head over the tiny target's full vocabulary, saved by specserve's writer."""
+    from specserve.plugins.eagle_head import save_eagle_head
+
+    path = tmp_path_factory.mktemp("eagle")
+    save_eagle_head(path, _eagle_head(tiny_llama_dir, seed=7), None, {})
+    return path
+
+
+@pytest.fixture(scope="session")
+def eagle_vocab_head_dir(tmp_path_factory, tiny_llama_dir) -> Path:
+    """The same kind of head with a truncated draft vocabulary (FR-Spec): 160 of the 320 token ids,
+    chosen so that the prompts' frequent ids (11, 12, 13) are in and many others are not."""
+    import torch
+
+    from specserve.plugins.eagle_head import save_eagle_head
+
+    path = tmp_path_factory.mktemp("eagle-vocab")
+    ids = torch.tensor([i for i in range(320) if i % 2 == 1 or i in (12, 2)][:160])
+    save_eagle_head(path, _eagle_head(tiny_llama_dir, seed=8), ids, {})
+    return path

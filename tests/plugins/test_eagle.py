@@ -208,3 +208,27 @@ def test_misfit_head_is_a_one_line_startup_error(tiny_llama_dir, arch, tmp_path)
 def test_eagle_without_a_head_path_is_refused(tiny_llama_dir):
     with pytest.raises(ProposerError, match="needs --speculative-head-path"):
         make_llm(tiny_llama_dir, speculative_method="eagle")
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_other_families_layers(tmp_path, family):
+    """Qwen2's q/k/v biases and Qwen3's q/k norms go through the head's layer, its checkpoint names and
+    the serving path: a saved head reloads exactly and greedy speculation still equals plain."""
+    from tiny_models import build_tiny_model
+
+    model_dir = tmp_path / family
+    build_tiny_model(model_dir, family, seed=1)
+    arch = ArchConfig.from_directory(model_dir)
+    head = _random_head(arch, seed=9)
+    names = set(head_state_dict(head))
+    extra = {"qwen2": "layers.0.self_attn.q_proj.bias", "qwen3": "layers.0.self_attn.q_norm.weight"}[family]
+    assert extra in names
+    save_eagle_head(tmp_path / "head", head, None, {})
+    again, _, _ = load_eagle_head(tmp_path / "head", arch)
+    for (name, a), (_, b) in zip(head.state_dict().items(), again.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    prompts = mixed_prompts(4, seed=5)
+    plain = [o.token_ids for o in make_llm(model_dir).generate(prompts, GREEDY, use_chat_template=False)]
+    llm = make_llm(model_dir, speculative_method="eagle", speculative_head_path=str(tmp_path / "head"))
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY, use_chat_template=False)] == plain
+    assert llm.engine.stats.spec.num_draft_tokens > 0

@@ -66,7 +66,7 @@ def plot(reports: list[tuple[Path, dict[str, Any]]], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for path, report in reports:
         points = rows(report)
-        label = f"{report['method']} ({path.parent.name})"
+        label = f"{report['method']} ({path.resolve().parent.name}/{path.name})"
         ax.plot(
             [p["minutes"] for p in points],
             [p["expected_acceptance_length"] for p in points],

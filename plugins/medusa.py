@@ -132,7 +132,9 @@ class MedusaProposer(Proposer):
         super().__init__(ctx)
         path = ctx.config.medusa_heads_path or ctx.config.speculative_head_path
         if not path:
-            raise ProposerError("--speculative-method medusa needs --speculative-head-path (or --medusa-heads-path)")
+            raise ProposerError(
+                "--speculative-method medusa needs --speculative-head-path (or --medusa-heads-path)"
+            )
         cfg = ctx.target.config
         heads, _, draft_ids = load_medusa_heads(Path(path), cfg.hidden_size, cfg.vocab_size)
         self.heads = heads.to(device=ctx.device, dtype=ctx.dtype).eval().requires_grad_(False)

@@ -88,28 +88,48 @@ class EagleHead(nn.Module):
     ) -> torch.Tensor:  # [B, T, hidden]
         """The same computation over whole sequences with causal attention (training: autograd, no
         KV cache). Agrees with `forward_paged` up to float rounding (tested)."""
-        batch, length, _ = embeds.shape
-        layer, attn = self.layer, self.layer.self_attn
+        length = embeds.shape[1]
         x = self.fuse(embeds, features)  # [B, T, hidden]
-        qkv = attn.qkv_proj(layer.input_layernorm(x))
+        q, k, v = self.dense_qkv(x, positions)
+        mask = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()  # [T, T]
+        if key_padding is not None:
+            mask = mask & key_padding[:, None, None, :]  # [B, 1, T, T]
+            mask = mask | torch.eye(length, dtype=torch.bool, device=x.device)  # no empty rows
+        return self.dense_finish(x, q, k, v, mask)
+
+    def dense_qkv(
+        self, x: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[B, T, hidden] layer input -> q [B, H, T, D], k and v [B, KVH, T, D] (roped, normed)."""
+        batch, length, _ = x.shape
+        attn = self.layer.self_attn
+        qkv = attn.qkv_proj(self.layer.input_layernorm(x))
         q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
         q = q.reshape(batch * length, attn.num_heads, attn.head_dim)
         k = k.reshape(batch * length, attn.num_kv_heads, attn.head_dim)
         if attn.q_norm is not None and attn.k_norm is not None:
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = attn.rope(positions.repeat(batch), q, k)
-        q = q.view(batch, length, attn.num_heads, attn.head_dim).transpose(1, 2)  # [B, H, T, D]
+        q = q.view(batch, length, attn.num_heads, attn.head_dim).transpose(1, 2)
         k = k.view(batch, length, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
         v = v.reshape(batch, length, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
-        mask = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()  # [T, T]
-        if key_padding is not None:
-            mask = mask & key_padding[:, None, None, :]  # [B, 1, T, T]
-            mask = mask | torch.eye(length, dtype=torch.bool, device=x.device)  # no empty rows
+        return q, k, v
+
+    def dense_finish(
+        self,
+        x: torch.Tensor,  # [B, T, hidden]: the layer input the queries came from
+        q: torch.Tensor,  # [B, H, T, D]
+        k: torch.Tensor,  # [B, KVH, S, D]: S keys (more than T when a chain attends to earlier depths)
+        v: torch.Tensor,  # [B, KVH, S, D]
+        mask: torch.Tensor,  # [T, S] or [B, 1, T, S] bool, True = may attend
+    ) -> torch.Tensor:  # [B, T, hidden]: the layer's output
+        batch, length, _ = x.shape
+        attn = self.layer.self_attn
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, scale=attn.scale, enable_gqa=attn.num_kv_heads != attn.num_heads
         )  # [B, H, T, D]
         x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, length, attn.q_size))
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        return x + self.layer.mlp(self.layer.post_attention_layernorm(x))
 
     def allocate_kv_cache(self, num_slots: int, dtype: torch.dtype, device: torch.device | str) -> KVCache:
         shape = (num_slots, self.arch.num_kv_heads, self.arch.head_dim)

@@ -287,8 +287,7 @@ def unrolled_forward(
     depths: int,
 ) -> list[torch.Tensor]:  # per depth d: [B, T, hidden], the prediction of f_{q+1} from a chain of d
     """The head's chain, `depths` drafts deep, at every position at once (see chain_mask)."""
-    batch, length, hidden = embeds.shape
-    layer, attn = head.layer, head.layer.self_attn
+    length = embeds.shape[1]
     positions = torch.arange(length, device=embeds.device)
     mask = chain_mask(length, depths).to(embeds.device)
     keys = key_valid.repeat(1, depths)  # [B, D*T]
@@ -302,27 +301,11 @@ def unrolled_forward(
             prev = outs[-1]  # depth d's output at q - 1 is depth d+1's feature at q
             feats = torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1)
         x = head.fuse(embeds, feats)
-        qkv = attn.qkv_proj(layer.input_layernorm(x))
-        q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
-        q = q.reshape(batch * length, attn.num_heads, attn.head_dim)
-        k = k.reshape(batch * length, attn.num_kv_heads, attn.head_dim)
-        if attn.q_norm is not None and attn.k_norm is not None:
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = attn.rope(positions.repeat(batch), q, k)
-        q = q.view(batch, length, attn.num_heads, attn.head_dim).transpose(1, 2)
-        ks.append(k.view(batch, length, attn.num_kv_heads, attn.head_dim).transpose(1, 2))
-        vs.append(v.reshape(batch, length, attn.num_kv_heads, attn.head_dim).transpose(1, 2))
+        q, k, v = head.dense_qkv(x, positions)
+        ks.append(k)
+        vs.append(v)
         rows = mask[:, None, d * length : (d + 1) * length, : (d + 1) * length]  # [B, 1, T, (d+1)T]
-        out = F.scaled_dot_product_attention(
-            q,
-            torch.cat(ks, dim=2),
-            torch.cat(vs, dim=2),
-            attn_mask=rows,
-            scale=attn.scale,
-            enable_gqa=attn.num_kv_heads != attn.num_heads,
-        )
-        x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, length, attn.q_size))
-        outs.append(x + layer.mlp(layer.post_attention_layernorm(x)))
+        outs.append(head.dense_finish(x, q, torch.cat(ks, dim=2), torch.cat(vs, dim=2), rows))
     return outs
 
 

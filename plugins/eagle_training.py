@@ -61,6 +61,7 @@ from specserve.plugins.medusa_training import (
     _next_batch,
     _row_map,
     _save_state,
+    training_summary,
 )
 
 logger = logging.getLogger("specserve.train_draft")
@@ -453,7 +454,6 @@ def _metrics(s: torch.Tensor, k: int) -> dict:
 # --- report ----------------------------------------------------------------------------------------
 def _report(cfg, arch, data_info, draft_ids, progress, features, stop_reason, run_start) -> dict:
     best = next(p for p in progress.curve if p["step"] == progress.best_step)
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
     return {
         "method": "eagle",
         "model_path": cfg.model_path,
@@ -466,20 +466,7 @@ def _report(cfg, arch, data_info, draft_ids, progress, features, stop_reason, ru
             "noise": cfg.noise,
         },
         "data": data_info,
-        "training": {
-            "steps": progress.step,
-            "saved_step": progress.best_step,
-            "epochs_completed": progress.epoch,
-            "tokens_seen": progress.tokens_seen,
-            "train_seconds": round(progress.train_seconds, 1),
-            "run_wall_seconds": round(time.perf_counter() - run_start, 1),
-            "target_forward_tokens": features.tokens_computed,
-            "target_forward_seconds": round(features.seconds, 1),
-            "stop_reason": stop_reason,
-            "precision": cfg.precision,
-            "threads": torch.get_num_threads(),
-            "config": config,
-        },
+        "training": training_summary(cfg, progress, features, stop_reason, run_start),
         # Labels are the data's tokens: on distilled answers the target's greedy choices, so the chain
         # is what greedy verification would accept; on code, agreement with the text.
         "heldout": best,

@@ -461,6 +461,24 @@ def _left(deadline: float) -> str:
     return "-" if math.isinf(deadline) else f"{max(0.0, deadline - time.perf_counter()) / 60:.1f}m"
 
 
+def training_summary(cfg, progress: Progress, features, stop_reason: str, run_start: float) -> dict:
+    """The report's "training" block (both methods): steps, tokens, time, stop reason, the run's config."""
+    return {
+        "steps": progress.step,
+        "saved_step": progress.best_step,
+        "epochs_completed": progress.epoch,
+        "tokens_seen": progress.tokens_seen,
+        "train_seconds": round(progress.train_seconds, 1),
+        "run_wall_seconds": round(time.perf_counter() - run_start, 1),
+        "target_forward_tokens": features.tokens_computed,
+        "target_forward_seconds": round(features.seconds, 1),
+        "stop_reason": stop_reason,
+        "precision": cfg.precision,
+        "threads": torch.get_num_threads(),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
+    }
+
+
 def _report(cfg, arch, data, data_info, draft_ids, progress, features, stop_reason, run_start) -> dict:
     best = next(p for p in progress.curve if p["step"] == progress.best_step)
     return {
@@ -474,20 +492,7 @@ def _report(cfg, arch, data, data_info, draft_ids, progress, features, stop_reas
             "draft_vocab_size": None if draft_ids is None else len(draft_ids),
         },
         "data": data_info,
-        "training": {
-            "steps": progress.step,
-            "saved_step": progress.best_step,
-            "epochs_completed": progress.epoch,
-            "tokens_seen": progress.tokens_seen,
-            "train_seconds": round(progress.train_seconds, 1),
-            "run_wall_seconds": round(time.perf_counter() - run_start, 1),
-            "target_forward_tokens": features.tokens_computed,
-            "target_forward_seconds": round(features.seconds, 1),
-            "stop_reason": stop_reason,
-            "precision": cfg.precision,
-            "threads": torch.get_num_threads(),
-            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
-        },
+        "training": training_summary(cfg, progress, features, stop_reason, run_start),
         # The saved head is the evaluation with the best held-out expected acceptance length (early
         # stopping: a few thousand answers are seen many times in a long run, and heads overfit them).
         "heldout": best,

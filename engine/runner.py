@@ -28,6 +28,19 @@ def forward_sequences(
     """Feed every sequence's new tokens through `model` in one forward.
 
     The cache's last slot is reserved for attention padding (see `padded_num_slots`)."""
+    ids, positions, output_rows, meta = ragged_batch(
+        seqs, block_size, device, pad_slot=kv_cache[0][0].shape[0] - 1
+    )
+    with torch.inference_mode():
+        return model(ids, positions, kv_cache, meta, output_rows)
+
+
+def ragged_batch(
+    seqs: list[SequenceInput], block_size: int, device: torch.device | str, pad_slot: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """The flat inputs of one forward over `seqs`: token ids [T], absolute positions [T], the flat rows
+    whose outputs are wanted [sum(num_outputs)], and the attention metadata placing every token in its
+    sequence and cache slots (also for a proposer's own one-layer forward, plugins/eagle.py)."""
     ids: list[int] = []
     positions: list[int] = []
     output_rows: list[int] = []
@@ -42,16 +55,14 @@ def forward_sequences(
         [s.block_ids for s in seqs],
         block_size,
         device,
-        pad_slot=kv_cache[0][0].shape[0] - 1,
+        pad_slot=pad_slot,
     )
-    with torch.inference_mode():
-        return model(
-            torch.tensor(ids, device=device),
-            torch.tensor(positions, device=device),
-            kv_cache,
-            meta,
-            torch.tensor(output_rows, dtype=torch.long, device=device),
-        )
+    return (
+        torch.tensor(ids, device=device),
+        torch.tensor(positions, device=device),
+        torch.tensor(output_rows, dtype=torch.long, device=device),
+        meta,
+    )
 
 
 def padded_num_slots(num_slots: int) -> int:

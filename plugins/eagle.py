@@ -29,11 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specserve.engine.attention import AttentionMetadata
 from specserve.engine.memory import module_bytes
 from specserve.engine.proposer import ProposalRequest, Proposals, Proposer, ProposerContext, ProposerError
 from specserve.engine.random_streams import Purpose
 from specserve.engine.request import Request
+from specserve.engine.runner import SequenceInput, ragged_batch
 from specserve.engine.sampler import logits_to_probs
 from specserve.plugins.eagle_head import load_eagle_head
 
@@ -169,28 +169,16 @@ class EagleProposer(Proposer):
         return start, features[start - st.start :], req.all_token_ids[start + 1 : last + 2]
 
     def _forward(self, seqs: list[tuple[int, torch.Tensor, list[int], list[int]]]) -> torch.Tensor:
-        ids: list[int] = []
-        positions: list[int] = []
-        last_rows: list[int] = []
-        for start, _, tokens, _ in seqs:
-            ids += tokens
-            positions += range(start, start + len(tokens))
-            last_rows.append(len(ids) - 1)
-        meta = AttentionMetadata.build(
-            [len(t) for _, _, t, _ in seqs],
-            [s + len(t) for s, _, t, _ in seqs],
-            [b for _, _, _, b in seqs],
-            self.block_size,
-            self.device,
-            pad_slot=self.kv_cache[0][0].shape[0] - 1,
-        )
+        """(first position, [n, hidden] features, n tokens, block ids) per request -> [B, hidden]: the
+        head's prediction after each request's last pair."""
+        inputs = [SequenceInput(tokens, start, blocks, 1) for start, _, tokens, blocks in seqs]
+        pad_slot = self.kv_cache[0][0].shape[0] - 1
+        ids, positions, last_rows, meta = ragged_batch(inputs, self.block_size, self.device, pad_slot)
         with torch.inference_mode():
             features = torch.cat([f.to(self.device) for _, f, _, _ in seqs])  # [T, hidden]
-            embeds = self.embed(torch.tensor(ids, device=self.device)).to(self.dtype)  # [T, hidden]
-            out = self.head.forward_paged(
-                embeds, features, torch.tensor(positions, device=self.device), self.kv_cache[0], meta
-            )
-            return out.index_select(0, torch.tensor(last_rows, device=self.device))
+            embeds = self.embed(ids).to(self.dtype)  # [T, hidden]
+            out = self.head.forward_paged(embeds, features, positions, self.kv_cache[0], meta)
+            return out.index_select(0, last_rows)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [B, hidden] -> [B, N or V] float32
         with torch.inference_mode():

@@ -1,4 +1,4 @@
-"""Batch 1, greedy: Medusa and EAGLE heads (from `specserve train-draft`) against n-gram lookup and plain.
+"""Batch 1, greedy: Medusa and EAGLE heads (from `specserve train-draft`) against n-gram lookup, a draft model and plain.
 
 One engine per arm (the proposer is an engine setting), all on the same target; every round runs each
 arm once on one prompt, rotated, so slow drifts of a shared machine hit every arm alike. Reports decode
@@ -8,6 +8,8 @@ step against a plain decode step.
 
     python -m specserve.benchmarks.bench_medusa --medusa-heads-path DIR --categories multi_turn,qa
     python -m specserve.benchmarks.bench_medusa --eagle-head-path DIR --arms plain,ngram,eagle,eagle-static
+    python -m specserve.benchmarks.bench_medusa --model-path T --eagle-head-path DIR \
+        --draft-model-path D --arms plain,eagle-static,draft-static   # draft in int4 by default
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from .prompt_sets import load_prompts, parse_categories
 
 SCHEMA = "specserve.bench.medusa/1"
 KIND = "medusa"
-# arm -> engine settings; "{heads}" / "{eagle}" are replaced by --medusa-heads-path / --eagle-head-path
+# arm -> engine settings; "{heads}" / "{eagle}" / "{draft}" are replaced by --medusa-heads-path /
+# --eagle-head-path / --draft-model-path (the draft model runs in --draft-quantization-encoding)
 ARMS: dict[str, dict[str, Any]] = {
     "plain": {"speculative_method": "none"},
     "ngram": {"speculative_method": "ngram"},
@@ -49,6 +52,12 @@ ARMS: dict[str, dict[str, Any]] = {
         "speculative_head_path": "{eagle}",
         "speculative_policy": "static",
     },
+    "draft": {"speculative_method": "draft_model", "draft_model_path": "{draft}"},
+    "draft-static": {
+        "speculative_method": "draft_model",
+        "draft_model_path": "{draft}",
+        "speculative_policy": "static",
+    },
 }
 
 
@@ -57,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-path", default=None, help="target (default: the embedded SmolLM2-135M)")
     p.add_argument("--medusa-heads-path", default=None, help="Medusa heads (train-draft --method medusa)")
     p.add_argument("--eagle-head-path", default=None, help="an EAGLE head (train-draft --method eagle)")
+    p.add_argument("--draft-model-path", default=None, help="a draft model, for the draft arms")
     p.add_argument("--quantization-encoding", default="bfloat16")
+    p.add_argument("--draft-quantization-encoding", default="int4", help="the draft model's (default: int4)")
     p.add_argument("--arms", default="plain,ngram,medusa,ngram-static,medusa-static", help=", ".join(ARMS))
     p.add_argument("--num-speculative-tokens", type=int, default=None, help="K (default: the engine's)")
     p.add_argument("--categories", default="multi_turn,qa")
@@ -73,8 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _engine(args: argparse.Namespace, arm: str) -> Any:
     from specserve.engine import LLM
 
-    paths = {"{heads}": args.medusa_heads_path, "{eagle}": args.eagle_head_path}
+    paths = {
+        "{heads}": args.medusa_heads_path,
+        "{eagle}": args.eagle_head_path,
+        "{draft}": args.draft_model_path,
+    }
     settings = {k: paths.get(v, v) if isinstance(v, str) else v for k, v in ARMS[arm].items()}
+    if "draft_model_path" in settings:
+        settings["draft_quantization_encoding"] = args.draft_quantization_encoding
     if args.num_speculative_tokens is not None and arm != "plain":
         settings["num_speculative_tokens"] = args.num_speculative_tokens
     return LLM(
@@ -97,6 +114,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     for prefix, path, flag in (
         ("medusa", args.medusa_heads_path, "--medusa-heads-path"),
         ("eagle", args.eagle_head_path, "--eagle-head-path"),
+        ("draft", args.draft_model_path, "--draft-model-path"),
     ):
         if path is None and any(a.startswith(prefix) for a in arms):
             raise SystemExit(f"bench_medusa: the {prefix} arms need {flag}")

@@ -76,13 +76,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", action="store_true", help="continue from DIR/checkpoint (data, heads, optimizer, step)"
     )
     p.add_argument(
-        "--distill-prompts", type=int, default=0, help="add the target's answers to N prompts (default: 0)"
+        "--data-from",
+        default=None,
+        metavar="DIR",
+        help="train on the data set an earlier run (--output DIR) built for this target: no distillation",
+    )
+    p.add_argument(
+        "--distill-prompts", type=int, default=None, help="add the target's answers to N prompts (default: 0)"
     )
     p.add_argument(
         "--distill-max-tokens", type=int, default=128, help="tokens per distilled answer (default: 128)"
     )
     p.add_argument(
-        "--code-tokens", type=int, default=24_000, help="stdlib source tokens to train on (default: 24000)"
+        "--code-tokens", type=int, default=None, help="stdlib source tokens to train on (default: 24000)"
     )
     p.add_argument("--seq-len", type=int, default=256, help="tokens per code sequence (default: 256)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per step (default: 8)")
@@ -160,6 +166,7 @@ def parse_config(argv: list[str]):
         max_minutes=args.max_minutes,
         max_steps=args.max_steps,
         resume=args.resume,
+        data_from=None if args.data_from is None else Path(args.data_from),
         distill_prompts=args.distill_prompts,
         distill_max_tokens=args.distill_max_tokens,
         code_tokens=args.code_tokens,
@@ -201,6 +208,7 @@ def _eagle_config(args):
         max_minutes=args.max_minutes,
         max_steps=args.max_steps,
         resume=args.resume,
+        data_from=None if args.data_from is None else Path(args.data_from),
         distill_prompts=args.distill_prompts,
         distill_max_tokens=args.distill_max_tokens,
         code_tokens=args.code_tokens,
@@ -219,6 +227,17 @@ def _eagle_config(args):
 
 
 def _check_common(args) -> None:
+    if args.data_from is not None:
+        given = [
+            f
+            for f, v in (("--distill-prompts", args.distill_prompts), ("--code-tokens", args.code_tokens))
+            if v
+        ]
+        given += ["--resume"] if args.resume else []
+        if given:
+            raise CliError(f"--data-from takes that run's data set as it is: drop {', '.join(given)}")
+    args.distill_prompts = 0 if args.distill_prompts is None else args.distill_prompts
+    args.code_tokens = 24_000 if args.code_tokens is None else args.code_tokens
     checks = [
         (args.draft_vocab_size is None or args.draft_vocab_size >= 1, "--draft-vocab-size must be >= 1"),
         (args.max_minutes is None or args.max_minutes > 0, "--max-minutes must be > 0"),

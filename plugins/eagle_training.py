@@ -78,6 +78,7 @@ class EagleTrainConfig:
     max_minutes: float | None = None  # wall budget of this run, data building included
     max_steps: int | None = None  # total optimizer steps (over resumed runs too)
     resume: bool = False
+    data_from: Path | None = None  # an earlier run's output: train on its data set as it is
     distill_prompts: int = 0
     distill_max_tokens: int = 128
     code_tokens: int = 24_000

@@ -73,6 +73,7 @@ class MedusaTrainConfig:
     max_minutes: float | None = None  # wall budget of this run, data building included
     max_steps: int | None = None  # total optimizer steps (over resumed runs too)
     resume: bool = False
+    data_from: Path | None = None  # an earlier run's output: train on its data set as it is
     distill_prompts: int = 0
     distill_max_tokens: int = 128
     code_tokens: int = 24_000
@@ -211,11 +212,13 @@ def _data(
         return TrainingData.from_state(state["data"]), ids, state["info"]
     start = time.perf_counter()
     data = given or TrainingData()
-    if given is None:
+    if given is None and cfg.data_from is not None:
+        data = reused_data(cfg.data_from, cfg.model_path, vocab)
+    elif given is None:
         code = stdlib_examples(llm.tokenizer.encode, cfg.code_tokens, cfg.seq_len, cfg.seed)
         data.add(code, cfg.heldout_every)
     distill_s = 0.0
-    if cfg.distill_prompts and given is None:
+    if cfg.distill_prompts and given is None and cfg.data_from is None:
         t = time.perf_counter()
         prompts = distill_prompts(cfg.distill_prompts, cfg.seed)
         recorder = llm.engine.proposer
@@ -229,6 +232,7 @@ def _data(
     info = {
         "sources": data.summary(),
         "code_licence": STDLIB_LICENCE if given is None else None,
+        "data_from": None if cfg.data_from is None else str(cfg.data_from),
         "distill_seconds": round(distill_s, 1),
         "build_seconds": round(time.perf_counter() - start, 1),
     }
@@ -236,6 +240,24 @@ def _data(
     empty = torch.zeros(0, dtype=torch.int64)
     torch.save({"data": data.to_state(), "draft_ids": empty if ids is None else ids, "info": info}, saved)
     return data, ids, info
+
+
+def reused_data(run_dir: Path, model_path: str | None, vocab: int) -> TrainingData:
+    """--data-from: the data set (held-out split included) an earlier run built for the same target.
+    Distillation is the expensive part of a run (12 minutes of 64 answers on the 1.5B target), so
+    trying other hyperparameters should not repeat it."""
+    ckpt = Path(run_dir) / CHECKPOINT_DIR
+    if not (ckpt / "data.pt").exists() or not (ckpt / "config.json").exists():
+        raise TrainDraftError(
+            f"--data-from {run_dir}: no {CHECKPOINT_DIR}/data.pt there (a train-draft --output?)"
+        )
+    built_for = json.loads((ckpt / "config.json").read_text()).get("model_path")
+    if built_for != model_path:
+        raise TrainDraftError(f"--data-from {run_dir}: built for target {built_for}, not {model_path}")
+    data = TrainingData.from_state(torch.load(ckpt / "data.pt", weights_only=True)["data"])
+    if max(max(e.tokens) for e in data.train + data.heldout) >= vocab:
+        raise TrainDraftError(f"--data-from {run_dir}: token ids beyond this target's vocabulary")
+    return data
 
 
 def _next_batch(progress: Progress, num_train: int, cfg: MedusaTrainConfig) -> list[int]:

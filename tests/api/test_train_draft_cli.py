@@ -38,6 +38,14 @@ def _fails(capsys, *argv: str) -> str:
         (["--method", "medusa", "--output", "x", "--precision", "int4"], "--precision"),
         (["--method", "medusa", "--output", "x", "--max-steps", "ten"], "invalid int value"),
         (["--method", "medusa", "--output", "x", "--no-such-flag"], "unrecognized arguments"),
+        (
+            ["--method", "eagle", "--output", "x", "--data-from", "y", "--distill-prompts", "8"],
+            "--data-from takes that run's data set as it is: drop --distill-prompts",
+        ),
+        (
+            ["--method", "medusa", "--output", "x", "--data-from", "y", "--code-tokens", "9"],
+            "drop --code-tokens",
+        ),
     ],
 )
 def test_bad_arguments_are_one_line_exit_2(capsys, argv, match):
@@ -54,6 +62,16 @@ def test_bad_input_found_at_start_up_is_one_line_exit_2(capsys, tiny_llama_dir, 
     assert "is a file" in _fails(capsys, *common, "--output", str(tmp_path / "file"))
     assert "does not exist" in _fails(
         capsys, "--method", "medusa", "--model-path", str(tmp_path / "nope"), "--output", str(tmp_path / "c")
+    )
+    assert "no checkpoint/data.pt there" in _fails(
+        capsys, *common, "--output", str(tmp_path / "d"), "--data-from", str(tmp_path / "nothing")
+    )
+    other = tmp_path / "other-run" / "checkpoint"
+    other.mkdir(parents=True)
+    (other / "config.json").write_text(json.dumps({"model_path": "Qwen/Qwen2.5-Coder-1.5B-Instruct"}))
+    (other / "data.pt").write_bytes(b"")
+    assert "built for target Qwen/Qwen2.5-Coder-1.5B-Instruct, not" in _fails(
+        capsys, *common, "--output", str(tmp_path / "e"), "--data-from", str(tmp_path / "other-run")
     )
 
 
@@ -85,3 +103,13 @@ def test_tiny_eagle_run_writes_head_and_report(capsys, tiny_llama_dir, tmp_path)
     assert (out / "model.safetensors").exists() and (out / "draft_vocab.safetensors").exists()
     report = json.loads((out / "train_report.json").read_text())
     assert report["method"] == "eagle" and report["head"]["draft_vocab_size"] == 64
+    # A second run on the first one's data set (another learning rate): same sequences, nothing rebuilt.
+    again = tmp_path / "again"
+    main(
+        ["train-draft", "--method", "eagle", "--model-path", str(tiny_llama_dir), "--output", str(again)]
+        + ["--data-from", str(out), "--max-steps", "1", "--lr", "5e-4", "--eval-positions", "3"]
+        + ["--threads", "1", "--no-progress"]
+    )
+    reused = json.loads((again / "train_report.json").read_text())
+    assert reused["data"]["sources"] == report["data"]["sources"] and reused["data"]["data_from"] == str(out)
+    assert report["data"]["data_from"] is None and reused["data"]["distill_seconds"] == 0

@@ -211,14 +211,17 @@ def _data(
         ids = state["draft_ids"] if state["draft_ids"].numel() else None
         return TrainingData.from_state(state["data"]), ids, state["info"]
     start = time.perf_counter()
-    data = given or TrainingData()
-    if given is None and cfg.data_from is not None:
+    building = given is None and cfg.data_from is None  # else the sequences come as they are
+    if given is not None:
+        data = given
+    elif cfg.data_from is not None:
         data = reused_data(cfg.data_from, cfg.model_path, vocab)
-    elif given is None:
+    else:
+        data = TrainingData()
         code = stdlib_examples(llm.tokenizer.encode, cfg.code_tokens, cfg.seq_len, cfg.seed)
         data.add(code, cfg.heldout_every)
     distill_s = 0.0
-    if cfg.distill_prompts and given is None and cfg.data_from is None:
+    if cfg.distill_prompts and building:
         t = time.perf_counter()
         prompts = distill_prompts(cfg.distill_prompts, cfg.seed)
         recorder = llm.engine.proposer

@@ -237,11 +237,16 @@ class EngineCore:
         predicted = cost.target_seconds(num_seqs, num_tokens)  # before this step teaches the model
         self.stats.events.forward_costs.append((num_seqs, num_tokens, predicted, forward_seconds))
         cost.observe_target(num_seqs, num_tokens, forward_seconds)
-        drafted = [s.num_speculative_tokens for s in sched.scheduled if s.num_speculative_tokens > 0]
-        if drafted:
-            cost.observe_draft(len(drafted), max(drafted), draft_seconds)
-        cost.observe_overhead(step_seconds - forward_seconds - draft_seconds)
+        drafting = [s for s in sched.scheduled if s.num_speculative_tokens > 0]
         decision = sched.speculation
+        probed = set(decision.probed) if decision is not None else set()
+        if drafting and all(s.request.request_id in probed for s in drafting):
+            # Only probes drafted: priced on their own (a probe may first catch up on missed tokens).
+            cost.observe_probe(len(drafting), draft_seconds)
+        elif drafting:
+            steps = max(s.num_speculative_tokens for s in drafting)
+            cost.observe_draft(len(drafting), steps, draft_seconds)
+        cost.observe_overhead(step_seconds - forward_seconds - draft_seconds)
         if decision is None:
             return
         k = decision.k

@@ -15,7 +15,10 @@ Pure Python (no torch): the scheduler calls it. Three parts, each replaceable on
 - `SpeculationController.choose`: the k vector that maximises expected emitted tokens per second of
   step time (goodput) under the token budget. k = 0 for a request, or the whole batch, when drafting
   does not pay; a request that stopped drafting for low acceptance is probed with one draft now and
-  then (the interval doubles while probes fail), so a change of content switches it back on.
+  then (the interval doubles while probes fail), so a change of content switches it back on. Probes
+  are paid from a budget: PROBE_BUDGET of the server's step time, so that when speculation never
+  pays, probing it costs at most that share (a probe's price is the extra verification row plus what
+  the proposer spent on the last probes, which includes a draft model's or head's catch-up).
 
 Requests under the static policy get their cap (today's behaviour); the controller optimises the
 adaptive ones around them.
@@ -34,6 +37,12 @@ REQUEST_DECAY = 0.8
 GLOBAL_DECAY = 0.995
 FIRST_PROBE_INTERVAL = 8  # decode steps without drafts before the first probe
 MAX_PROBE_INTERVAL = 128
+# Share of the step time probes may cost: with speculation off for good, the server runs at least
+# (1 - PROBE_BUDGET) of its speed without speculation. Without it, probing every request at its first
+# decode step and then at 8, 16, 32... steps cost 3-4% at 8-32 clients on SmolLM2 (one extra row each).
+PROBE_BUDGET = 0.01
+# The budget saved while nobody needs a probe buys at most this many probes at once.
+MAX_SAVED_PROBES = 2.0
 # Drafting must beat not drafting by this much: the cost model's error should not turn into a loss.
 MIN_GAIN = 1.02
 # Smoothing of the online cost measurements.
@@ -135,6 +144,7 @@ class StepCostModel:
         self.draft_cost_ratio = draft_cost_ratio
         self._calibration: dict[int, float] = {}  # batch bucket -> measured / curve
         self._draft_step: dict[int, float] = {}  # batch bucket -> seconds per draft step
+        self._probe_draft: float | None = None  # proposer seconds per probe, measured
         self.overhead_seconds = 0.0
 
     def curve(self, num_tokens: int) -> float:
@@ -160,6 +170,17 @@ class StepCostModel:
         if per_step is None:
             per_step = self.draft_cost_ratio * self.target_seconds(num_requests, num_requests)
         return num_steps * per_step
+
+    def probe_seconds(self, num_sequences: int, num_tokens: int) -> float:
+        """What one more probe adds to a step that runs `num_tokens` tokens: a verification row, and
+        the proposer's work for it. A probe's proposal is measured on its own (`observe_probe`): a
+        draft model or a head that was off first catches up on the tokens it missed, which a drafting
+        step's cost does not show."""
+        row = self.target_seconds(num_sequences, num_tokens + 1) - self.target_seconds(
+            num_sequences, num_tokens
+        )
+        draft = self._probe_draft if self._probe_draft is not None else self.draft_seconds(1, 1)
+        return max(0.0, row) + draft
 
     def step_seconds(
         self, num_sequences: int, num_tokens: int, draft_requests: int, draft_steps: int
@@ -187,6 +208,14 @@ class StepCostModel:
         per_step = seconds / num_steps
         old = self._draft_step.get(b)
         self._draft_step[b] = per_step if old is None else old + DRAFT_ALPHA * (per_step - old)
+
+    def observe_probe(self, num_probes: int, seconds: float) -> None:
+        """The proposer's time in a step whose only drafts were `num_probes` probes."""
+        if num_probes <= 0 or seconds < 0:
+            return
+        per_probe = seconds / num_probes
+        old = self._probe_draft
+        self._probe_draft = per_probe if old is None else old + DRAFT_ALPHA * (per_probe - old)
 
     def observe_overhead(self, seconds: float) -> None:
         self.overhead_seconds += OVERHEAD_ALPHA * (max(0.0, seconds) - self.overhead_seconds)
@@ -222,6 +251,7 @@ class SpeculationController:
         self.cost = cost
         self.acceptance = acceptance or AcceptanceModel(k_max)
         self._probes: dict[str, _ProbeState] = {}
+        self._probe_savings = 0.0  # seconds of step time saved up for probes (see _probe)
 
     def choose(
         self,
@@ -286,25 +316,34 @@ class SpeculationController:
             chosen[rid] = max(chosen.get(rid, 0), j + 1)
         k.update(chosen)
 
-        probed = self._probe(candidates, k)
-        predicted = sum(expected_tokens(rates[c.request_id], k[c.request_id]) for c in candidates)
+        probed = self._probe(candidates, k, num_sequences, base_tokens)
         drafts = [v for v in k.values() if v > 0]
         seconds = self.cost.step_seconds(
             num_sequences, base_tokens + sum(drafts), len(drafts), max(drafts, default=0)
         )
+        predicted = sum(expected_tokens(rates[c.request_id], k[c.request_id]) for c in candidates)
         return Decision(k, predicted, seconds, probed)
 
-    def _probe(self, candidates: Sequence[Candidate], k: dict[str, int]) -> list[str]:
+    def _probe(
+        self,
+        candidates: Sequence[Candidate],
+        k: dict[str, int],
+        num_sequences: int,
+        base_tokens: int,
+    ) -> list[str]:
         """One draft, now and then, for a request the optimiser gave none: its acceptance estimate
-        may be stale (content changes) or only a prior. The interval doubles with every probe and
-        starts over once the optimiser itself gives the request drafts again."""
-        probed = []
+        may be stale (content changes) or only a prior. A request is due for a probe after `interval`
+        steps without drafts; the interval doubles with every probe and starts over once the optimiser
+        itself gives the request drafts again. Due requests are probed while the probe budget (a
+        PROBE_BUDGET share of every step's predicted time, saved up) pays their price: requests without
+        a verification of their own first, then the longest overdue."""
+        due: list[tuple[Candidate, _ProbeState]] = []
         for c in candidates:
             state = self._probes.get(c.request_id)
             if state is None:
-                # A request with no verification of its own is probed on its first decode step if
-                # the optimiser gives it nothing: the global estimate it starts from may come from
-                # other content, and only probes refresh it.
+                # A request with no verification of its own is due on its first decode step if the
+                # optimiser gives it nothing: the global estimate it starts from may come from other
+                # content, and only probes refresh it.
                 unknown = not self.acceptance.has_observations(c.request_id)
                 state = _ProbeState(steps_without_drafts=FIRST_PROBE_INTERVAL - 1 if unknown else 0)
                 self._probes[c.request_id] = state
@@ -315,10 +354,29 @@ class SpeculationController:
                 continue
             state.steps_without_drafts += 1
             if state.steps_without_drafts >= state.interval:
-                k[c.request_id] = 1
-                state.steps_without_drafts = 0
-                state.interval = min(2 * state.interval, MAX_PROBE_INTERVAL)
-                probed.append(c.request_id)
+                due.append((c, state))
+        drafts = [v for v in k.values() if v > 0]
+        num_tokens = base_tokens + sum(drafts)
+        step_seconds = self.cost.step_seconds(num_sequences, num_tokens, len(drafts), max(drafts, default=0))
+        price = self.cost.probe_seconds(num_sequences, num_tokens)
+        self._probe_savings = min(self._probe_savings + PROBE_BUDGET * step_seconds, MAX_SAVED_PROBES * price)
+        due.sort(
+            key=lambda d: (
+                self.acceptance.has_observations(d[0].request_id),
+                -d[1].steps_without_drafts / d[1].interval,
+            )
+        )
+        probed = []
+        for c, state in due:
+            price = self.cost.probe_seconds(num_sequences, num_tokens)
+            if price > self._probe_savings:
+                break
+            self._probe_savings -= price
+            num_tokens += 1
+            k[c.request_id] = 1
+            state.steps_without_drafts = 0
+            state.interval = min(2 * state.interval, MAX_PROBE_INTERVAL)
+            probed.append(c.request_id)
         return probed
 
     # --- feedback ---------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from specserve.engine.sampling_params import SamplingParams
 from specserve.engine.scheduler import Scheduler, SchedulerConfig
 from specserve.engine.spec_controller import (
     FIRST_PROBE_INTERVAL,
+    MAX_SAVED_PROBES,
+    PROBE_BUDGET,
     AcceptanceModel,
     Candidate,
     SpeculationController,
@@ -103,6 +105,80 @@ def test_content_change_switches_drafting_back_on():
             if k > 1:
                 break
     assert choose_one(ctrl) >= 3
+
+
+def _probe_run(ctrl, steps: int, num_clients: int = 1, lifetime: int | None = None):
+    """`steps` decode steps of `num_clients` requests whose drafts are never accepted (each replaced
+    by a new one after `lifetime` steps): (probes, predicted seconds of all steps, step seconds with
+    the probes only)."""
+    probes, total, probe_seconds = 0, 0.0, 0.0
+    ids = [f"r{i}" for i in range(num_clients)]
+    for step in range(steps):
+        if lifetime and step % lifetime == 0:
+            for rid in ids:
+                ctrl.forget(rid)
+            ids = [f"r{step}-{i}" for i in range(num_clients)]
+        d = ctrl.choose([Candidate(r, K_MAX) for r in ids], num_clients, num_clients, 2048)
+        assert set(d.probed) == {r for r in ids if d.k[r]}  # zero acceptance: every draft is a probe
+        for rid in d.probed:
+            ctrl.observe_verification(rid, 1, 0)
+        probes += len(d.probed)
+        without = ctrl.cost.step_seconds(num_clients, num_clients, 0, 0)
+        total += d.predicted_seconds
+        probe_seconds += d.predicted_seconds - without
+    return probes, total, probe_seconds
+
+
+@pytest.mark.parametrize("num_clients", [1, 8, 32])
+def test_probes_cost_at_most_their_budget(num_clients):
+    """Every row costs a full step (compute-bound) and no draft is ever accepted: probing still
+    happens, but costs at most PROBE_BUDGET of the time (plus the few probes saved up)."""
+    ctrl = controller(STEEP)
+    teach(ctrl, "seed", 0.0)  # the global estimate: speculation does not pay
+    probes, total, probe_seconds = _probe_run(ctrl, 400, num_clients)
+    assert probes >= 3
+    slack = MAX_SAVED_PROBES * ctrl.cost.probe_seconds(num_clients, num_clients)
+    assert probe_seconds <= PROBE_BUDGET * total + slack
+
+
+def test_short_requests_share_the_budget_and_the_server_still_probes():
+    """Requests that live 12 steps were each probed at their first decode step (8 clients: a 2-row
+    step in every 12 for each, ~8% of the time when rows cost a step). Now the budget holds, and the
+    server still probes often enough to notice a change of content."""
+    ctrl = controller(STEEP)
+    teach(ctrl, "seed", 0.0)
+    probes, total, probe_seconds = _probe_run(ctrl, 3000, num_clients=8, lifetime=12)
+    assert probe_seconds <= PROBE_BUDGET * total + MAX_SAVED_PROBES * ctrl.cost.probe_seconds(8, 8)
+    assert probes >= 20
+
+
+def test_an_expensive_proposal_makes_probes_rarer():
+    """A probe's proposal is priced by what probes measured (a draft model or head that was off
+    catches up first), not by a drafting step's cost."""
+    cheap, costly = controller(FLAT), controller(FLAT)
+    for ctrl in (cheap, costly):
+        teach(ctrl, "seed", 0.0)
+    costly.cost.observe_probe(num_probes=2, seconds=0.2)  # 0.1 s a probe: ten steps' worth
+    assert costly.cost.probe_seconds(1, 1) == pytest.approx(0.1)
+    assert cheap.cost.probe_seconds(1, 1) == 0.0  # flat curve, n-gram: a probe is free
+    n_cheap, _, _ = _probe_run(cheap, 2000)
+    n_costly, total, probe_seconds = _probe_run(costly, 2000)
+    assert n_cheap >= 10  # only the doubling interval (8, 16, ... 128 steps) spaces free probes
+    assert n_costly < n_cheap / 4
+    assert n_costly * 0.1 <= PROBE_BUDGET * total + MAX_SAVED_PROBES * 0.1
+
+
+def test_requests_never_verified_are_probed_first():
+    ctrl = controller(STEEP)
+    teach(ctrl, "seed", 0.0)
+    teach(ctrl, "old", 0.0)
+    probed: list[str] = []
+    for _ in range(400):
+        d = ctrl.choose([Candidate("old", K_MAX), Candidate("new", K_MAX)], 2, 2, 2048)
+        probed += d.probed
+        for rid in d.probed:
+            ctrl.observe_verification(rid, 1, 0)
+    assert probed[0] == "new" and "old" in probed
 
 
 def test_steep_cost_gives_fewer_drafts_than_flat():

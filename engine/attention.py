@@ -36,8 +36,11 @@ class AttentionMetadata:
         block_size: int,
         device: torch.device | str = "cpu",
         pad_slot: int = 0,
+        context_starts: list[int] | None = None,
     ) -> AttentionMetadata:
         """Build metadata for sequences whose last `query_lens[i]` of `context_lens[i]` tokens are new.
+        With `context_starts`, sequence i's queries see only positions >= context_starts[i] (a draft
+        head that skipped older positions: their cache slots hold nothing of this request).
 
         Context positions past a sequence's length read `pad_slot` under the mask. Masked or not, a
         NaN there would reach the output (softmax weight 0 times NaN is NaN), so the engine passes a
@@ -65,6 +68,9 @@ class AttentionMetadata:
         key_pos = torch.arange(max_c).view(1, 1, max_c)
         # Causal within the sequence; padding queries (position -1) see key 0 so no row is all -inf.
         mask = (key_pos <= q_positions.clamp(min=0).unsqueeze(-1)) & (key_pos < ctx_len)
+        if context_starts is not None:
+            starts = torch.tensor(context_starts).view(num_seqs, 1, 1)
+            mask &= (key_pos >= starts) | (q_positions.unsqueeze(-1) < 0)
         return cls(
             slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
             context_slots=context_slots.to(device),

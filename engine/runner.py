@@ -16,6 +16,7 @@ class SequenceInput:
     start_position: int  # absolute position of token_ids[0]; tokens before it are already cached
     block_ids: list[int]
     num_outputs: int  # hidden states wanted for the last `num_outputs` fed tokens
+    context_start: int = 0  # attend to positions from here on (a draft head that skipped older ones)
 
 
 def forward_sequences(
@@ -56,6 +57,7 @@ def ragged_batch(
         block_size,
         device,
         pad_slot=pad_slot,
+        context_starts=[s.context_start for s in seqs] if any(s.context_start for s in seqs) else None,
     )
     return (
         torch.tensor(ids, device=device),

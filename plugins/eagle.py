@@ -15,6 +15,12 @@ rollback. With prefix caching the target computes no features for a cached prefi
 keeps whatever its KV holds there (written by the request that filled those blocks) and starts from
 the first feature it gets. That costs acceptance at most, never exactness.
 
+A head that was off for a while (the controller gave its request no drafts) catches up on at most
+`max_catch_up` positions, the newest, and attends only from there on: a probe then costs a few rows of
+one layer, not one per token generated since the last probe, and a request's buffered features stay
+bounded by its prompt plus `max_catch_up`. The prompt itself is always fed whole (a proposal right
+after prefill is the common case and the head's context matters there).
+
 Exactness: greedy drafts are the argmax; a sampled draft is drawn from q = softmax of the head's
 logits under the request's sampling parameters, over the draft vocabulary when the head has one
 (zero elsewhere), and q is what the proposer reports.
@@ -37,12 +43,18 @@ from specserve.engine.runner import SequenceInput, ragged_batch
 from specserve.engine.sampler import logits_to_probs
 from specserve.plugins.eagle_head import load_eagle_head
 
+# Most pairs a proposal feeds to catch up after the request's decode steps went without drafts. Chosen
+# to cover a few verification windows (the head's recent context) while keeping a probe well under a
+# target step: 32 rows of one layer on Qwen2.5-1.5B is ~1/28 of a 32-row target forward.
+MAX_CATCH_UP = 32
+
 
 @dataclass
 class _RequestFeatures:
     num_pairs: int = 0  # pairs (f_i, x_{i+1}) for i < num_pairs are in the head's KV cache
     start: int = 0  # position of features[0]
     features: list[torch.Tensor] = field(default_factory=list)  # consecutive [n, hidden] chunks
+    context_start: int = 0  # the head attends to positions from here on (after a bounded catch-up)
 
     def end(self) -> int:
         return self.start + sum(f.shape[0] for f in self.features)
@@ -75,6 +87,8 @@ class EagleProposer(Proposer):
         self._draft_lm = self._draft_lm_head(ctx.target)  # [N, hidden] or None (full LM head)
         self.kv_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._requests: dict[str, _RequestFeatures] = {}
+        # Never fewer than two full windows: a request that drafts every step is never cut short.
+        self.max_catch_up = max(MAX_CATCH_UP, 2 * ((ctx.config.num_speculative_tokens or 0) + 1))
 
     def _draft_lm_head(self, target: nn.Module) -> torch.Tensor | None:
         """The LM head's rows of the draft vocabulary (FR-Spec): the head then scores N tokens, not V."""
@@ -102,6 +116,13 @@ class EagleProposer(Proposer):
         if not st.features or st.end() != start_position:  # first chunk, or a gap (a cached prefix)
             st.features, st.start = [], start_position
         st.features.append(hidden.detach().to(self.dtype))
+        behind = st.end() - max(st.num_pairs, st.start)  # pairs the next proposal would feed
+        if behind > self.max_catch_up and st.end() > len(request.prompt_token_ids):
+            # Past the prompt and off for a while: keep only the newest positions; older ones become
+            # a gap the head no longer attends to (its KV there is stale or its own old guesses).
+            end = st.end()
+            st.features = [torch.cat(st.features)[-self.max_catch_up :]]  # [max_catch_up, hidden]
+            st.start = st.context_start = end - self.max_catch_up
 
     def on_preempted(self, request: Request) -> None:
         self._requests.pop(request.request_id, None)
@@ -130,7 +151,8 @@ class EagleProposer(Proposer):
                 else:
                     start = req.num_tokens - 2 + step
                     feats, tokens = predicted[i].unsqueeze(0), [drafts[i][-1]]
-                seqs.append((start, feats, tokens, req.block_ids))
+                context_start = self._requests[req.request_id].context_start
+                seqs.append((start, feats, tokens, req.block_ids, context_start))
             out = self._forward(seqs)  # [len(active), hidden]: f^ after each sequence's last pair
             logits = self._logits(out)  # [len(active), N or V] float32
             row_probs = logits_to_probs(logits, [batch[i].request.params for i in active])
@@ -168,14 +190,17 @@ class EagleProposer(Proposer):
         last = req.num_tokens - 2  # the newest position with a real feature
         return start, features[start - st.start :], req.all_token_ids[start + 1 : last + 2]
 
-    def _forward(self, seqs: list[tuple[int, torch.Tensor, list[int], list[int]]]) -> torch.Tensor:
-        """(first position, [n, hidden] features, n tokens, block ids) per request -> [B, hidden]: the
-        head's prediction after each request's last pair."""
-        inputs = [SequenceInput(tokens, start, blocks, 1) for start, _, tokens, blocks in seqs]
+    def _forward(self, seqs: list[tuple[int, torch.Tensor, list[int], list[int], int]]) -> torch.Tensor:
+        """(first position, [n, hidden] features, n tokens, block ids, first attended position) per
+        request -> [B, hidden]: the head's prediction after each request's last pair."""
+        inputs = [
+            SequenceInput(tokens, start, blocks, 1, context_start)
+            for start, _, tokens, blocks, context_start in seqs
+        ]
         pad_slot = self.kv_cache[0][0].shape[0] - 1
         ids, positions, last_rows, meta = ragged_batch(inputs, self.block_size, self.device, pad_slot)
         with torch.inference_mode():
-            features = torch.cat([f.to(self.device) for _, f, _, _ in seqs])  # [T, hidden]
+            features = torch.cat([f.to(self.device) for _, f, *_ in seqs])  # [T, hidden]
             embeds = self.embed(ids).to(self.dtype)  # [T, hidden]
             out = self.head.forward_paged(embeds, features, positions, self.kv_cache[0], meta)
             return out.index_select(0, last_rows)

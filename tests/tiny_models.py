@@ -155,6 +155,9 @@ def sloped_step_cost(slope: float = 0.1):
         def observe_draft(self, num_requests: int, num_steps: int, seconds: float) -> None:
             pass
 
+        def observe_probe(self, num_probes: int, seconds: float) -> None:
+            pass
+
         def observe_overhead(self, seconds: float) -> None:
             pass
 

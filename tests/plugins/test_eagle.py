@@ -69,6 +69,82 @@ def test_paged_chunks_equal_the_dense_forward(arch, input_norm):
     torch.testing.assert_close(torch.cat(paged), dense, rtol=1e-4, atol=1e-5)
 
 
+def test_a_window_after_a_gap_attends_only_to_itself(arch):
+    """After a bounded catch-up the head attends from the window's first position on: whatever the
+    slots before it hold (here random numbers), the window computes what a dense pass over the window
+    alone computes, at the same absolute positions."""
+    head = _random_head(arch, seed=4)
+    length, first, hidden, block_size = 12, 5, arch.hidden_size, 4
+    g = torch.Generator().manual_seed(1)
+    embeds = torch.randn(length, hidden, generator=g)
+    feats = torch.randn(length, hidden, generator=g)
+    with torch.no_grad():
+        window = torch.arange(first, length)
+        dense = head.forward_dense(embeds[None, first:], feats[None, first:], window)[0]  # [7, hidden]
+        cache = head.allocate_kv_cache(padded_num_slots(8 * block_size), torch.float32, "cpu")[0]
+        for c in cache:
+            c[:-1].normal_(generator=g)  # stale slots (the pad slot stays zero)
+        blocks, paged = [6, 1, 3], []
+        for start, end in [(first, 9), (9, 10), (10, 12)]:
+            meta = AttentionMetadata.build(
+                [end - start],
+                [end],
+                [blocks],
+                block_size,
+                pad_slot=cache[0].shape[0] - 1,
+                context_starts=[first],
+            )
+            paged.append(
+                head.forward_paged(embeds[start:end], feats[start:end], torch.arange(start, end), cache, meta)
+            )
+    torch.testing.assert_close(torch.cat(paged), dense, rtol=1e-4, atol=1e-5)
+
+
+def test_catch_up_after_drafting_was_off_is_bounded(tiny_llama_dir, eagle_head_dir, monkeypatch):
+    """Adaptive policy with a random head: the controller turns drafting off and probes now and then.
+    A probe feeds at most `max_catch_up` pairs, buffered features past the prompt stay within that
+    bound, and the output is still exactly plain greedy output."""
+    from tiny_models import make_adaptive_llm
+
+    from specserve.plugins import eagle
+
+    monkeypatch.setattr(eagle, "MAX_CATCH_UP", 4)
+    prompts = mixed_prompts(4, seed=5)
+    params = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+    plain = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params, use_chat_template=False)]
+    llm = make_adaptive_llm(
+        tiny_llama_dir,
+        speculative_method="eagle",
+        speculative_head_path=str(eagle_head_dir),
+        num_speculative_tokens=2,
+    )
+    proposer = llm.engine.proposer
+    assert proposer.max_catch_up == 6  # two windows of k + 1
+    fed, gaps, buffered = [], [], []
+    first_pairs, on_hidden = proposer._first_pairs, proposer.on_hidden_states
+
+    def spy_first_pairs(req):
+        start, feats, tokens = first_pairs(req)
+        st = proposer._requests[req.request_id]
+        if start > len(req.prompt_token_ids):
+            fed.append(len(tokens))
+            gaps.append(start > st.num_pairs and st.context_start == start)
+        return start, feats, tokens
+
+    def spy_on_hidden(req, start, hidden):
+        on_hidden(req, start, hidden)
+        st = proposer._requests[req.request_id]
+        if st.end() > len(req.prompt_token_ids):
+            buffered.append(st.end() - max(st.num_pairs, st.start))
+
+    monkeypatch.setattr(proposer, "_first_pairs", spy_first_pairs)
+    monkeypatch.setattr(proposer, "on_hidden_states", spy_on_hidden)
+    outs = llm.generate(prompts, params, use_chat_template=False)
+    assert [o.token_ids for o in outs] == plain
+    assert any(gaps), "no probe came after a long enough stretch without drafts"
+    assert max(fed) <= 6 and max(buffered) <= 6
+
+
 def test_saved_head_reloads_bit_exactly(arch, tmp_path):
     head = _random_head(arch, seed=4)
     ids = torch.arange(0, 320, 3)

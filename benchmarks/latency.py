@@ -162,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=5,
         help="draft tokens per verification (specserve) and prompt_lookup_num_tokens (transformers)",
     )
+    r.add_argument(
+        "--speculative-policy",
+        choices=("adaptive", "static"),
+        default="adaptive",
+        help="specserve's speculation policy (default adaptive, the engine default: the controller may "
+        "draft nothing where drafting does not pay; static drafts --num-speculative-tokens every step)",
+    )
     r.add_argument("--ngram-min", type=int, default=1)
     r.add_argument("--ngram-max", type=int, default=4)
     r.add_argument(
@@ -265,6 +272,7 @@ def _add_specserve_arms(setup: Setup, args: argparse.Namespace, methods: list[st
         max_kv_cache_tokens=kv_tokens,
         max_length=args.max_length,
         num_speculative_tokens=args.num_speculative_tokens,
+        speculative_policy=args.speculative_policy,
         ngram_min=args.ngram_min,
         ngram_max=args.ngram_max,
         cache_dir=args.cache_dir,
@@ -675,6 +683,7 @@ def _config(
         "repeats": args.repeats,
         "warmup": args.warmup,
         "num_speculative_tokens": args.num_speculative_tokens,
+        "speculative_policy": args.speculative_policy,
         "ngram_min": args.ngram_min,
         "ngram_max": args.ngram_max,
         "categories": categories,

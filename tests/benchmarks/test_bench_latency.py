@@ -54,6 +54,10 @@ def test_latency_quick_smoke(tiny_llama_dir, tiny_draft_dir, tmp_path, capsys):
         "qa,code",
         "--throughput-batch",
         "2",
+        # Static: every step drafts, so the report's speculation statistics have something to show
+        # (under the adaptive default a 6-token run on this tiny pair may draft nothing at all).
+        "--speculative-policy",
+        "static",
         "--output-dir",
         str(out),
         "--no-progress",
@@ -82,6 +86,7 @@ def test_latency_quick_smoke(tiny_llama_dir, tiny_draft_dir, tmp_path, capsys):
     assert methods == [m for m in latency.ALL_METHODS if m != latency.LC_PLAIN]
     assert latency.LC_PLAIN in report["unavailable"]
     assert report["config"]["repeats"] == 2 and report["config"]["max_new_tokens"] == 6
+    assert report["config"]["speculative_policy"] == "static"
     assert len(report["runs"]) == 2 * len(report["prompts"]) * len(methods)
     for run in report["runs"]:
         assert set(run) >= RUN_KEYS

@@ -152,7 +152,7 @@ class EagleProposer(Proposer):
                     start = req.num_tokens - 2 + step
                     feats, tokens = predicted[i].unsqueeze(0), [drafts[i][-1]]
                 context_start = self._requests[req.request_id].context_start
-                seqs.append((start, feats, tokens, req.block_ids, context_start))
+                seqs.append((SequenceInput(tokens, start, req.block_ids, 1, context_start), feats))
             out = self._forward(seqs)  # [len(active), hidden]: f^ after each sequence's last pair
             logits = self._logits(out)  # [len(active), N or V] float32
             row_probs = logits_to_probs(logits, [batch[i].request.params for i in active])
@@ -190,17 +190,14 @@ class EagleProposer(Proposer):
         last = req.num_tokens - 2  # the newest position with a real feature
         return start, features[start - st.start :], req.all_token_ids[start + 1 : last + 2]
 
-    def _forward(self, seqs: list[tuple[int, torch.Tensor, list[int], list[int], int]]) -> torch.Tensor:
-        """(first position, [n, hidden] features, n tokens, block ids, first attended position) per
-        request -> [B, hidden]: the head's prediction after each request's last pair."""
-        inputs = [
-            SequenceInput(tokens, start, blocks, 1, context_start)
-            for start, _, tokens, blocks, context_start in seqs
-        ]
+    def _forward(self, seqs: list[tuple[SequenceInput, torch.Tensor]]) -> torch.Tensor:
+        """(the pairs' tokens and positions, their [n, hidden] features) per request -> [B, hidden]:
+        the head's prediction after each request's last pair."""
         pad_slot = self.kv_cache[0][0].shape[0] - 1
+        inputs = [seq for seq, _ in seqs]
         ids, positions, last_rows, meta = ragged_batch(inputs, self.block_size, self.device, pad_slot)
         with torch.inference_mode():
-            features = torch.cat([f.to(self.device) for _, f, *_ in seqs])  # [T, hidden]
+            features = torch.cat([f.to(self.device) for _, f in seqs])  # [T, hidden]
             embeds = self.embed(ids).to(self.dtype)  # [T, hidden]
             out = self.head.forward_paged(embeds, features, positions, self.kv_cache[0], meta)
             return out.index_select(0, last_rows)

@@ -368,7 +368,6 @@ class SpeculationController:
         )
         probed = []
         for c, state in due:
-            price = self.cost.probe_seconds(num_sequences, num_tokens)
             if price > self._probe_savings:
                 break
             self._probe_savings -= price
@@ -377,6 +376,7 @@ class SpeculationController:
             state.steps_without_drafts = 0
             state.interval = min(2 * state.interval, MAX_PROBE_INTERVAL)
             probed.append(c.request_id)
+            price = self.cost.probe_seconds(num_sequences, num_tokens)  # the next probe's row comes later
         return probed
 
     # --- feedback ---------------------------------------------------------------------------------

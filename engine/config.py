@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from .sampling_params import MAX_NUM_SPECULATIVE_TOKENS, SPECULATIVE_POLICIES
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+# torch is imported inside the functions that use it, not here: the CLI imports this module to build
+# its parser, and a usage error must not pay seconds for torch.
+if TYPE_CHECKING:
+    import torch
+
+DTYPE_ENCODINGS = ("float32", "bfloat16", "float16")
 QUANTIZED_ENCODINGS = ("int8", "int4")
-ENCODINGS = (*DTYPES, *QUANTIZED_ENCODINGS)
+ENCODINGS = (*DTYPE_ENCODINGS, *QUANTIZED_ENCODINGS)
 INT4_GROUP_SIZES = (32, 64, 128)  # what the int4 kernel supports (and divides hidden sizes)
 DEFAULT_NUM_SPECULATIVE_TOKENS = 5
 # PyTorch's int4/int8 CPU kernels take rows in tiles of 4 and reread every weight per tile: a
@@ -29,8 +30,28 @@ ADAPTIVE_QUANTIZED_NUM_SPECULATIVE_TOKENS = 7
 _CUDA_NAMES = ("gpu", "cuda")  # MAX spells it gpu; torch spells it cuda
 
 
+@cache
+def _dtypes() -> dict[str, torch.dtype]:
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+if TYPE_CHECKING:
+    DTYPES: dict[str, torch.dtype]  # encoding -> torch dtype, for DTYPE_ENCODINGS
+else:
+
+    def __getattr__(name: str):
+        # DTYPES is built on first use (PEP 562), so importing this module does not import torch.
+        if name == "DTYPES":
+            return _dtypes()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def parse_devices(value: str) -> torch.device:
     """--devices: cpu, gpu (or cuda) or gpu:N. Anything else is an error, never a silent CPU."""
+    import torch
+
     name, colon, index = value.strip().lower().partition(":")
     if name == "cpu" and not colon:
         return torch.device("cpu")
@@ -43,11 +64,15 @@ def parse_devices(value: str) -> torch.device:
 
 def available_devices() -> list[str]:
     """What --devices can name on this machine (device_count() is 0 without CUDA)."""
+    import torch
+
     return ["cpu", *(f"gpu:{i}" for i in range(torch.cuda.device_count()))]
 
 
 def check_device_available(device: torch.device) -> None:
     """Refuse at start-up a device this machine does not have, naming the ones it does."""
+    import torch
+
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         what = "no CUDA GPU" if device.index is None else f"no CUDA GPU {device.index}"
         raise ValueError(f"{what} on this machine; available: {', '.join(available_devices())}")
@@ -77,8 +102,10 @@ class ModelSpec:
 
     @property
     def dtype(self) -> torch.dtype:
+        import torch
+
         # int8/int4 keep bfloat16 activations (weight-only quantization).
-        return DTYPES.get(self.quantization_encoding, torch.bfloat16)
+        return _dtypes().get(self.quantization_encoding, torch.bfloat16)
 
     @property
     def device(self) -> torch.device:

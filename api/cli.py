@@ -129,12 +129,13 @@ def run_serve(settings) -> None:
     """Load the engine (a load failure is one error line, not a traceback), then serve until a signal."""
     import asyncio
 
+    config = engine_config_from(settings)
+    # Imported here, not at the top: the server's aiohttp stack is not needed by the other commands,
+    # and the engine's torch not before the flags are known to be good.
     from specserve.engine.engine_core import EngineCore
 
-    # Imported here, not at the top: the server's aiohttp stack is not needed by the other commands.
     from .server import serve
 
-    config = engine_config_from(settings)
     try:
         core = EngineCore(config)
     except _startup_errors() as exc:
@@ -143,13 +144,14 @@ def run_serve(settings) -> None:
 
 
 def run_generate(settings) -> None:
-    from specserve.engine import LLM, SamplingParams
-
     s = settings
     if s.prompt is None and s.prompt_file is None:
         raise CliError("give --prompt or --prompt-file")
     prompt = s.prompt if s.prompt is not None else _read(s.prompt_file)
     config = engine_config_from(s)
+    # The engine (torch, transformers) only once the flags are known to be good.
+    from specserve.engine import LLM, SamplingParams
+
     try:
         params = SamplingParams(
             max_tokens=s.max_new_tokens,

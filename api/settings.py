@@ -73,17 +73,8 @@ def parse_settings(settings_cls: type[BaseSettings], args: argparse.Namespace) -
 
 def engine_config_from(settings: BaseSettings) -> EngineConfig:
     s = settings
-    import torch
-
-    if s.num_threads is not None:
-        if s.num_threads < 1:
-            raise CliError("--num-threads must be >= 1")
-        torch.set_num_threads(s.num_threads)  # process-wide by nature: set once, here at the boundary
-    else:
-        threads = default_num_threads(torch.get_num_threads())
-        if threads < torch.get_num_threads():
-            logger.info("using %d CPU threads (the container's CPU quota / affinity)", threads)
-            torch.set_num_threads(threads)
+    if s.num_threads is not None and s.num_threads < 1:
+        raise CliError("--num-threads must be >= 1")
     target = ModelSpec(
         model_path=s.model_path,
         weight_path=s.weight_path,
@@ -127,6 +118,16 @@ def engine_config_from(settings: BaseSettings) -> EngineConfig:
         config.validate()
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    # torch only now: a usage error found above is reported without paying seconds for its import.
+    import torch
+
+    if s.num_threads is not None:
+        torch.set_num_threads(s.num_threads)  # process-wide by nature: set once, here at the boundary
+    else:
+        threads = default_num_threads(torch.get_num_threads())
+        if threads < torch.get_num_threads():
+            logger.info("using %d CPU threads (the container's CPU quota / affinity)", threads)
+            torch.set_num_threads(threads)
     return config
 
 

@@ -48,18 +48,24 @@ else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _device_parts(value: str) -> tuple[str, int | None]:
+    """parse_devices without torch: ("cpu", None), ("cuda", None) or ("cuda", N)."""
+    name, colon, index = value.strip().lower().partition(":")
+    if name == "cpu" and not colon:
+        return "cpu", None
+    if name in _CUDA_NAMES and not colon:
+        return "cuda", None
+    if name in _CUDA_NAMES and index.isdigit():
+        return "cuda", int(index)
+    raise ValueError(f"unknown device {value!r}; use cpu, gpu or gpu:N (one device)")
+
+
 def parse_devices(value: str) -> torch.device:
     """--devices: cpu, gpu (or cuda) or gpu:N. Anything else is an error, never a silent CPU."""
     import torch
 
-    name, colon, index = value.strip().lower().partition(":")
-    if name == "cpu" and not colon:
-        return torch.device("cpu")
-    if name in _CUDA_NAMES and not colon:
-        return torch.device("cuda")
-    if name in _CUDA_NAMES and index.isdigit():
-        return torch.device("cuda", int(index))
-    raise ValueError(f"unknown device {value!r}; use cpu, gpu or gpu:N (one device)")
+    kind, index = _device_parts(value)
+    return torch.device(kind) if index is None else torch.device(kind, index)
 
 
 def available_devices() -> list[str]:
@@ -195,7 +201,9 @@ class EngineConfig:
         for flag, spec in (("--devices", self.model), ("--draft-devices", self.draft)):
             if spec is not None:
                 try:
-                    check_device_available(parse_devices(spec.devices))
+                    # A CPU needs no check, and no torch: a usage error found here stays fast.
+                    if _device_parts(spec.devices)[0] != "cpu":
+                        check_device_available(parse_devices(spec.devices))
                 except ValueError as exc:
                     raise ValueError(f"{flag} {spec.devices}: {exc}") from None
         for spec in (self.model, self.draft):

@@ -29,7 +29,7 @@ from .runner import forward_sequences, padded_num_slots
 from .sampler import compute_logprobs
 from .sampling_params import InvalidParameterError, SamplingParams
 from .scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput
-from .spec_controller import SpeculationController, StepCostModel
+from .spec_controller import Preview, SpeculationController, StepCostModel
 from .stats import EngineSnapshot, EngineStats, RequestTiming
 from .step_batch import Draft, RequestState, VerificationWindow, WindowBatch
 from .tokenizer import Tokenizer
@@ -93,10 +93,12 @@ class EngineCore:
             ),
             self.kv_manager,
             self.controller,
+            self._preview if self.proposer is not None else None,
         )
         self.stats = EngineStats()
         self.proposer_name = self.proposer.name if self.proposer else "none"
         self._bad_proposal_logged = False
+        self._bad_preview_logged = False
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._states: dict[str, RequestState] = {}  # every request added and not yet finished
         self._seed_source = torch.Generator().manual_seed(config.seed)
@@ -333,6 +335,32 @@ class EngineCore:
             one_hot = torch.nn.functional.one_hot(torch.tensor(extra), width).to(probs.dtype)
             probs = torch.cat([probs, one_hot])  # [n + len(extra), V]
         return Draft(tokens + extra, probs, num_forced=len(extra))
+
+    def _preview(self, request: Request, max_drafts: int) -> Preview | None:
+        """The proposer's free look ahead for the controller; a broken one is ignored (and counted)."""
+        assert self.proposer is not None
+        try:
+            seen = self.proposer.preview(request, max_drafts)
+        except Exception:
+            self.stats.spec.proposer_errors += 1
+            if not self._bad_preview_logged:  # it would fail every step: once is enough
+                self._bad_preview_logged = True
+                logger.exception(
+                    "proposer %s preview failed; the controller goes without it (counted in"
+                    " spec_decode_proposer_errors, logged once)",
+                    self.proposer_name,
+                )
+            return None
+        if seen is None:
+            return None
+        if (
+            not isinstance(seen, Preview)
+            or not isinstance(seen.max_drafts, int)
+            or not isinstance(seen.hint, int)
+        ):
+            self._reject_proposal(f"preview {seen!r} is not a Preview(max_drafts: int, hint: int)")
+            return None
+        return seen
 
     def _proposer_drafts(self, batch: list[ProposalRequest]) -> dict[str, Draft]:
         """The proposer's drafts for `batch`, validated; requests that get none are absent."""

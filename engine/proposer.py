@@ -45,6 +45,7 @@ import torch
 
 from .random_streams import RequestRandom
 from .request import Request
+from .spec_controller import Preview
 
 if TYPE_CHECKING:
     from .config import EngineConfig
@@ -109,6 +110,16 @@ class Proposer:
         `request.request_id`, and let the hooks below maintain it. An exception here costs speed,
         not correctness: the step decodes without drafts and the error is counted."""
         raise NotImplementedError
+
+    def preview(self, request: Request, max_drafts: int) -> Preview | None:
+        """What `propose` would give `request` now with at most `max_drafts` drafts, if the proposer
+        can tell without drafting (an n-gram lookup can; a model cannot): the number of drafts and a
+        class of the proposal (`hint`, a small int) whose acceptance the speculation controller
+        tracks separately. Called by the scheduler for every adaptive request in decode, every step,
+        so it must be cheap. None (the default): cannot tell; the controller uses the request's
+        overall acceptance. A preview that raises or is malformed is ignored (counted as a proposer
+        error)."""
+        return None
 
     # --- memory --------------------------------------------------------------------------------
     def kv_bytes_per_token(self) -> int:

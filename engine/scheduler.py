@@ -10,11 +10,15 @@ waiting queue, recomputed later) — outputs are unchanged by that, only time is
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .kv_cache_manager import KVCacheManager
 from .request import FinishReason, Request, RequestStatus
-from .spec_controller import Candidate, Decision, SpeculationController
+from .spec_controller import Candidate, Decision, Preview, SpeculationController
+
+# A proposer's free look at its next proposal for a request with at most k drafts (None: it cannot tell).
+PreviewFn = Callable[[Request, int], Preview | None]
 
 
 @dataclass(frozen=True)
@@ -52,11 +56,16 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(
-        self, config: SchedulerConfig, kv: KVCacheManager, controller: SpeculationController | None = None
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        controller: SpeculationController | None = None,
+        preview: PreviewFn | None = None,
     ):
         self.config = config
         self.kv = kv
         self.controller = controller
+        self.preview = preview
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -94,6 +103,18 @@ class Scheduler:
     def _is_static(self, request: Request) -> bool:
         return (request.params.speculative_policy or self.config.speculative_policy) == "static"
 
+    def _candidate(self, request: Request, cap: int) -> Candidate:
+        """An adaptive request's cap is what its proposer has for it now, when the proposer can tell
+        for free (an n-gram lookup), and the proposal's class lets the controller use the acceptance
+        of proposals like it; static requests keep their cap (today's behaviour)."""
+        static = self._is_static(request)
+        if cap <= 0 or static or self.preview is None:
+            return Candidate(request.request_id, cap, static)
+        seen = self.preview(request, cap)
+        if seen is None:
+            return Candidate(request.request_id, cap, static)
+        return Candidate(request.request_id, min(cap, max(0, seen.max_drafts)), static, seen.hint)
+
     def _speculation_plan(self, out: SchedulerOutput) -> dict[str, int]:
         """k per running request in decode: its cap, or the controller's choice for adaptive ones."""
         running = [r for r in self.running if r.status == RequestStatus.RUNNING]
@@ -103,11 +124,7 @@ class Scheduler:
         else:
             budget = self.config.max_num_batched_tokens
             base = min(budget, sum(r.num_tokens - r.num_computed_tokens for r in running))
-            candidates = [
-                Candidate(r.request_id, caps[r.request_id], self._is_static(r))
-                for r in running
-                if r.in_decode
-            ]
+            candidates = [self._candidate(r, caps[r.request_id]) for r in running if r.in_decode]
             out.speculation = self.controller.choose(candidates, len(running), base, budget - base)
             plan = dict(out.speculation.k)
         # Tokens a grammar forces are free drafts (no proposer runs for them) that are accepted unless

@@ -7,10 +7,13 @@ from __future__ import annotations
 import numpy as np
 
 from specserve.engine.proposer import ProposalRequest, Proposals, Proposer, ProposerContext
+from specserve.engine.request import Request
+from specserve.engine.spec_controller import Preview
 
 
-def find_continuation(tokens: np.ndarray, ngram_min: int, ngram_max: int, k: int) -> list[int]:
-    """tokens: [L] int64. Up to k tokens that followed the latest earlier match of the last n-gram."""
+def find_match(tokens: np.ndarray, ngram_min: int, ngram_max: int, k: int) -> tuple[int, list[int]]:
+    """tokens: [L] int64. (n, up to k tokens that followed the latest earlier match of the last n
+    tokens), n from ngram_max down to ngram_min; (0, []) without a match."""
     length = len(tokens)
     for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
         suffix = tokens[length - n :]
@@ -19,8 +22,13 @@ def find_continuation(tokens: np.ndarray, ngram_min: int, ngram_max: int, k: int
         hits = np.flatnonzero((windows == suffix).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n
-            return tokens[start : start + k].tolist()
-    return []
+            return n, tokens[start : start + k].tolist()
+    return 0, []
+
+
+def find_continuation(tokens: np.ndarray, ngram_min: int, ngram_max: int, k: int) -> list[int]:
+    """tokens: [L] int64. Up to k tokens that followed the latest earlier match of the last n-gram."""
+    return find_match(tokens, ngram_min, ngram_max, k)[1]
 
 
 class NgramProposer(Proposer):
@@ -30,6 +38,13 @@ class NgramProposer(Proposer):
         super().__init__(ctx)
         self.ngram_min = ctx.config.ngram_min
         self.ngram_max = ctx.config.ngram_max
+
+    def preview(self, request: Request, max_drafts: int) -> Preview:
+        """The lookup is the proposal, so it is free to look ahead. Its class is the matched length:
+        the longer the match, the likelier its continuation is what the target says next."""
+        tokens = np.asarray(request.all_token_ids, dtype=np.int64)
+        n, drafts = find_match(tokens, self.ngram_min, self.ngram_max, max_drafts)
+        return Preview(len(drafts), n)
 
     def propose(self, batch: list[ProposalRequest]) -> Proposals:
         drafts = []

@@ -10,10 +10,12 @@ from specserve.engine.sampling_params import SamplingParams
 from specserve.engine.scheduler import Scheduler, SchedulerConfig
 from specserve.engine.spec_controller import (
     FIRST_PROBE_INTERVAL,
+    MAX_PROBE_INTERVAL,
     MAX_SAVED_PROBES,
     PROBE_BUDGET,
     AcceptanceModel,
     Candidate,
+    Preview,
     SpeculationController,
     StepCostModel,
     expected_tokens,
@@ -233,6 +235,36 @@ def test_requests_get_what_their_own_acceptance_earns():
     assert d.k["good"] > d.k["bad"]
 
 
+def teach_class(
+    ctrl: SpeculationController, request_id: str, hint: int, accepted: int, rounds: int = 20
+) -> None:
+    """Verifications of drafts of class `hint` (chosen with that hint, as the scheduler does), each
+    with `accepted` of K_MAX drafts kept."""
+    for _ in range(rounds):
+        ctrl.choose(
+            [Candidate(request_id, K_MAX, hint=hint)], num_sequences=1, base_tokens=1, token_budget=64
+        )
+        ctrl.observe_verification(request_id, K_MAX, accepted)
+
+
+def test_proposals_are_judged_by_their_class():
+    """n-gram on SmolLM2: a 4-token match is accepted ~0.8 of the time, a 1-token one ~0.2; the
+    request's overall rate would give both the same k."""
+    ctrl = controller(INT4_TILES)
+    teach_class(ctrl, "a", hint=4, accepted=K_MAX)
+    teach_class(ctrl, "a", hint=1, accepted=0)
+
+    def k(hint: int | None) -> int:
+        return ctrl.choose([Candidate("a", K_MAX, hint=hint)], 1, 1, 64).k["a"]
+
+    assert k(4) >= 3
+    assert k(1) == 0
+    assert ctrl.acceptance.rates("a", hint=4)[0] > 0.9 > 0.1 > ctrl.acceptance.rates("a", hint=1)[0]
+    # A new request starts from every request's rates of the same class.
+    assert ctrl.choose([Candidate("new", K_MAX, hint=4)], 1, 1, 64).k["new"] >= 3
+    assert ctrl.choose([Candidate("new2", K_MAX, hint=1)], 1, 1, 64).k["new2"] in (0, 1)  # 1: a probe
+
+
 def test_static_requests_get_their_cap():
     ctrl = controller(STEEP)
     teach(ctrl, "s", 0.0)
@@ -333,6 +365,46 @@ def test_scheduler_static_request_on_adaptive_server():
     out = sched.schedule()
     got = {s.request.request_id: s.num_speculative_tokens for s in out.scheduled}
     assert got["s"] == 5 and got["a"] in (0, 1)  # 1 only as a probe
+
+
+class _Previews:
+    """A proposer's free look ahead: fixed per request id; records who was asked."""
+
+    def __init__(self, previews: dict[str, Preview]):
+        self.previews = previews
+        self.asked: list[str] = []
+
+    def __call__(self, request: Request, max_drafts: int) -> Preview | None:
+        self.asked.append(request.request_id)
+        seen = self.previews.get(request.request_id)
+        return None if seen is None else Preview(min(seen.max_drafts, max_drafts), seen.hint)
+
+
+def test_scheduler_caps_k_by_the_preview_and_never_probes_an_empty_one():
+    ctrl = controller(FLAT)
+    for rid in ("none", "two", "unknown", "static"):
+        teach(ctrl, rid, 1.0)
+    previews = _Previews({"none": Preview(0, 0), "two": Preview(2, 4), "static": Preview(0, 0)})
+    kv = KVCacheManager(num_blocks=64, block_size=4, enable_prefix_caching=False)
+    sched = Scheduler(
+        SchedulerConfig(num_speculative_tokens=K_MAX, speculative_policy="adaptive"), kv, ctrl, previews
+    )
+    reqs = [
+        _decoding("none"),
+        _decoding("two"),
+        _decoding("unknown"),
+        _decoding("static", speculative_policy="static"),
+    ]
+    for r in reqs:
+        sched.add_request(r)
+    _to_decode(sched)
+    for _ in range(4 * MAX_PROBE_INTERVAL):  # long enough for any probe to fall due
+        out = sched.schedule()
+        got = {s.request.request_id: s.num_speculative_tokens for s in out.scheduled}
+        # Nothing to draft: no slots, no probe. A preview of 2 drafts caps k at 2. No preview: the cap.
+        # Static requests keep their cap and are not previewed (today's behaviour).
+        assert got == {"none": 0, "two": 2, "unknown": K_MAX, "static": K_MAX}
+    assert "static" not in previews.asked
 
 
 def test_undrained_step_events_are_bounded(tiny_llama_dir):

@@ -1,0 +1,70 @@
+"""The n-gram proposer's free look ahead: the controller sees whether a request has a match and how
+long it is before it decides k, and a broken preview costs only the controller's information."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from tiny_models import make_adaptive_llm, make_llm, mixed_prompts
+
+from specserve.engine import SamplingParams
+from specserve.engine.spec_controller import Preview
+from specserve.plugins.ngram import find_continuation, find_match
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+
+
+def test_find_match_reports_the_matched_length():
+    tokens = np.array([1, 2, 3, 9, 9, 1, 2, 3], dtype=np.int64)
+    assert find_match(tokens, 1, 4, 2) == (3, [9, 9])  # "1 2 3" matched (4 tokens "3 1 2 3" are not)
+    assert find_match(tokens, 1, 2, 5) == (2, [9, 9, 1, 2, 3])  # n is capped by ngram_max
+    assert find_match(np.array([5, 6, 7], dtype=np.int64), 1, 4, 3) == (0, [])
+    assert find_continuation(tokens, 1, 4, 2) == [9, 9]
+
+
+def test_preview_is_what_propose_would_draft(tiny_llama_dir):
+    llm = make_adaptive_llm(tiny_llama_dir, speculative_method="ngram", num_speculative_tokens=4)
+    proposer = llm.engine.proposer
+    from specserve.engine.proposer import ProposalRequest
+    from specserve.engine.request import Request
+
+    for ids in ([1, 2, 3, 9, 1, 2, 3], [1, 2, 3, 4], [7, 7, 7, 7, 7, 7]):
+        req = Request("r", ids[:-1], SamplingParams(max_tokens=8))
+        req.output_token_ids = ids[-1:]
+        seen = proposer.preview(req, 4)
+        drafted = proposer.propose([ProposalRequest(req, 4)]).token_ids[0]
+        assert seen == Preview(len(drafted), seen.hint)
+        assert (seen.hint > 0) == bool(drafted)
+
+
+def test_adaptive_ngram_learns_per_match_length_and_stays_lossless(tiny_llama_dir):
+    prompts = mixed_prompts(16, seed=3)
+    want = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, GREEDY, use_chat_template=False)]
+    llm = make_adaptive_llm(tiny_llama_dir, speculative_method="ngram", num_speculative_tokens=4)
+    got = [o.token_ids for o in llm.generate(prompts, GREEDY, use_chat_template=False)]
+    assert got == want
+    ctrl = llm.engine.controller
+    initial = ctrl.acceptance.global_rates(hint=-1)  # a class nobody has seen
+    learned = [h for h in range(1, 5) if ctrl.acceptance.global_rates(hint=h) != initial]
+    assert learned, "no match-length class got verifications"
+    assert ctrl.acceptance.global_rates(hint=None) == initial  # every n-gram proposal had its class
+
+
+def test_a_broken_preview_costs_only_the_hint(tiny_llama_dir, caplog):
+    prompts = mixed_prompts(8, seed=5)
+    want = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, GREEDY, use_chat_template=False)]
+    for broken, counted in (
+        (lambda request, k: 1 / 0, "preview failed"),
+        (lambda request, k: (k, 4), "invalid proposal"),  # not a Preview
+    ):
+        llm = make_adaptive_llm(tiny_llama_dir, speculative_method="ngram", num_speculative_tokens=4)
+        llm.engine.proposer.preview = broken
+        with caplog.at_level(logging.ERROR, logger="specserve.engine"):
+            outs = llm.generate(prompts, GREEDY, use_chat_template=False)
+        assert [o.token_ids for o in outs] == want
+        assert all(o.error is None for o in outs)
+        assert llm.engine.stats.spec.proposer_errors > 0
+        assert sum(counted in r.getMessage() for r in caplog.records) == 1  # logged once
+        assert sum(o.spec.num_draft_tokens for o in outs) > 0  # it still drafts, without the hint
+        caplog.clear()

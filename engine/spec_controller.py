@@ -10,7 +10,8 @@ Pure Python (no torch): the scheduler calls it. Three parts, each replaceable on
   tokens it runs comes from a start-up profile (it has the hardware's shape: on this CPU a bf16
   window of up to ~16 tokens costs about one token, int4 steps every 4 rows, a GPU is flat until
   large batches), calibrated online per batch-size bucket from measured forwards (the machine's
-  speed drifts, and a batch of many short sequences is not one long one). The proposer's cost per
+  speed drifts, and a batch of many short sequences is not one long one) as a slope and an offset,
+  so that what one more row adds is measured too. The proposer's cost per
   draft step is learned online per batch-size bucket, and a fixed per-step overhead too.
 - `SpeculationController.choose`: the k vector that maximises expected emitted tokens per second of
   step time (goodput) under the token budget. k = 0 for a request, or the whole batch, when drafting
@@ -45,8 +46,13 @@ PROBE_BUDGET = 0.01
 MAX_SAVED_PROBES = 2.0
 # Drafting must beat not drafting by this much: the cost model's error should not turn into a loss.
 MIN_GAIN = 1.02
-# Smoothing of the online cost measurements.
-CALIBRATION_ALPHA = 0.1
+# Smoothing of the online cost measurements. The target's calibration keeps a longer memory than the
+# draft's: drafting steps are rare when drafting rarely pays, and they alone show what a row adds.
+CALIBRATION_DECAY = 0.98  # per measured forward (memory ~50 forwards)
+# Pull of the calibration's slope towards "measured / profiled", in pseudo-forwards whose profiled
+# times differ by 25% from the mean: without forwards of different sizes the calibration is that
+# ratio, and one odd forward does not set the slope on its own.
+SLOPE_PRIOR_WEIGHT = 2.0
 DRAFT_ALPHA = 0.2
 OVERHEAD_ALPHA = 0.1
 
@@ -140,6 +146,44 @@ def expected_tokens(rates: Sequence[float], k: int) -> float:
 
 
 # --- cost ------------------------------------------------------------------------------------------
+@dataclass
+class _Calibration:
+    """measured ~= slope * profiled + offset, fitted to recent forwards (exponentially weighted least
+    squares, the slope pulled towards measured / profiled).
+
+    A single ratio (the slope alone) is right when the whole machine is slower than at start-up, and
+    when a batch of long sequences costs more per row than the profile's one short sequence. But the
+    profile also misses per-step costs that do not grow with the rows (attention over a long context,
+    sampling): SmolLM2 bf16 at batch 1 measured 48.6 ms for 1 row and 62.2 ms for 2 against a profile of
+    36.6 and 54.7 ms, and the ratio alone priced the second row at 21 ms instead of 13.6, so drafts that
+    paid were not made. Forwards of different sizes (drafting steps next to plain ones) show the slope."""
+
+    weight: float = 0.0
+    sum_x: float = 0.0
+    sum_y: float = 0.0
+    sum_xx: float = 0.0
+    sum_xy: float = 0.0
+
+    def observe(self, profiled: float, measured: float) -> None:
+        d = CALIBRATION_DECAY
+        self.weight = d * self.weight + 1.0
+        self.sum_x = d * self.sum_x + profiled
+        self.sum_y = d * self.sum_y + measured
+        self.sum_xx = d * self.sum_xx + profiled * profiled
+        self.sum_xy = d * self.sum_xy + profiled * measured
+
+    def predict(self, profiled: float) -> float:
+        if self.weight <= 0 or self.sum_x <= 0:
+            return profiled
+        mean_x, mean_y = self.sum_x / self.weight, self.sum_y / self.weight
+        ratio = mean_y / mean_x
+        spread = max(0.0, self.sum_xx - self.weight * mean_x * mean_x)  # weighted sum of (x - mean_x)^2
+        covariance = self.sum_xy - self.weight * mean_x * mean_y
+        prior = SLOPE_PRIOR_WEIGHT * (0.25 * mean_x) ** 2
+        slope = max(0.0, (covariance + prior * ratio) / (spread + prior))
+        return max(0.0, mean_y + slope * (profiled - mean_x))
+
+
 class StepCostModel:
     """Seconds per step = target(num_sequences, num_tokens) + draft(num_requests, num_steps) + overhead."""
 
@@ -153,7 +197,7 @@ class StepCostModel:
         self._xs = [n for n, _ in points]
         self._ys = [s for _, s in points]
         self.draft_cost_ratio = draft_cost_ratio
-        self._calibration: dict[int, float] = {}  # batch bucket -> measured / curve
+        self._calibration: dict[int, _Calibration] = {}  # batch bucket -> measured vs curve
         self._draft_step: dict[int, float] = {}  # batch bucket -> seconds per draft step
         self._probe_draft: float | None = None  # proposer seconds per probe, measured
         self.overhead_seconds = 0.0
@@ -172,7 +216,9 @@ class StepCostModel:
         return y0 + (y1 - y0) * (num_tokens - x0) / (x1 - x0)
 
     def target_seconds(self, num_sequences: int, num_tokens: int) -> float:
-        return self.curve(num_tokens) * self._calibration.get(_bucket(num_sequences), 1.0)
+        profiled = self.curve(num_tokens)
+        calibration = self._calibration.get(_bucket(num_sequences))
+        return profiled if calibration is None else calibration.predict(profiled)
 
     def draft_seconds(self, num_requests: int, num_steps: int) -> float:
         if num_requests <= 0 or num_steps <= 0:
@@ -207,10 +253,7 @@ class StepCostModel:
         base = self.curve(num_tokens)
         if base <= 0 or seconds <= 0:
             return
-        b = _bucket(num_sequences)
-        ratio = seconds / base
-        old = self._calibration.get(b)
-        self._calibration[b] = ratio if old is None else old + CALIBRATION_ALPHA * (ratio - old)
+        self._calibration.setdefault(_bucket(num_sequences), _Calibration()).observe(base, seconds)
 
     def observe_draft(self, num_requests: int, num_steps: int, seconds: float) -> None:
         if num_requests <= 0 or num_steps <= 0 or seconds < 0:

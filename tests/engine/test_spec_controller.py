@@ -299,6 +299,28 @@ def test_cost_curve_interpolates_and_calibrates():
     assert cost.target_seconds(1, 8) == pytest.approx(2.0)  # other batch sizes keep their own
 
 
+def test_calibration_learns_what_a_row_adds_not_just_a_ratio():
+    """SmolLM2 bf16, batch 1, on this CPU: the profile said 36.6 ms for 1 row and 54.7 ms for 2; steps
+    measured 48.6 and 62.2 ms (the profile misses per-step work that does not grow with the rows). A
+    single measured/profiled ratio would price the second row at 21 ms instead of 13.6."""
+    cost = StepCostModel([(1, 0.0366), (2, 0.0547), (3, 0.0720)])
+    for _ in range(5):
+        cost.observe_target(1, 1, 0.0486)
+    # Only one size seen: the whole machine may be slower, so everything scales by the ratio.
+    assert cost.target_seconds(1, 1) == pytest.approx(0.0486)
+    assert cost.target_seconds(1, 2) == pytest.approx(0.0547 * 0.0486 / 0.0366)
+    for i in range(120):  # one drafting step in twelve
+        cost.observe_target(1, 2, 0.0622) if i % 12 == 0 else cost.observe_target(1, 1, 0.0486)
+    assert cost.target_seconds(1, 1) == pytest.approx(0.0486, rel=0.02)
+    assert cost.target_seconds(1, 2) - cost.target_seconds(1, 1) == pytest.approx(0.0136, rel=0.15)
+    # A uniformly slower machine is still a ratio: every forward 1.5x its profile.
+    slow = StepCostModel([(1, 0.0366), (2, 0.0547)])
+    for i in range(60):
+        n = 2 if i % 3 == 0 else 1
+        slow.observe_target(1, n, 1.5 * slow.curve(n))
+    assert slow.target_seconds(1, 2) == pytest.approx(1.5 * 0.0547, rel=0.01)
+
+
 def test_draft_cost_starts_from_the_weight_ratio_then_learns():
     cost = StepCostModel([(1, 1.0), (64, 1.0)], draft_cost_ratio=0.25)
     assert cost.draft_seconds(num_requests=1, num_steps=4) == pytest.approx(1.0)

@@ -48,7 +48,10 @@ MAX_SAVED_PROBES = 2.0
 MIN_GAIN = 1.02
 # Smoothing of the online cost measurements. The target's calibration keeps a longer memory than the
 # draft's: drafting steps are rare when drafting rarely pays, and they alone show what a row adds.
-CALIBRATION_DECAY = 0.98  # per measured forward (memory ~50 forwards)
+CALIBRATION_DECAY = 0.98  # per measured forward (memory ~50 forwards): the slope
+OFFSET_ALPHA = 0.2  # the offset (replaying two batch-1 runs' forwards: median error 5% vs 7% for a ratio)
+# A forward with more tokens than this per sequence is mostly prefill: calibrated apart from decode.
+PREFILL_TOKENS_PER_SEQUENCE = 32
 # Pull of the calibration's slope towards "measured / profiled", in pseudo-forwards whose profiled
 # times differ by 25% from the mean: without forwards of different sizes the calibration is that
 # ratio, and one odd forward does not set the slope on its own.
@@ -60,6 +63,10 @@ OVERHEAD_ALPHA = 0.1
 def _bucket(n: int) -> int:
     """Batch-size bucket: 1, 2-3, 4-7, 8-15, ... (cost per sequence changes slowly with n)."""
     return max(n, 1).bit_length()
+
+
+def _calibration_key(num_sequences: int, num_tokens: int) -> tuple[int, bool]:
+    return _bucket(num_sequences), num_tokens > PREFILL_TOKENS_PER_SEQUENCE * max(1, num_sequences)
 
 
 # --- acceptance ------------------------------------------------------------------------------------
@@ -148,40 +155,44 @@ def expected_tokens(rates: Sequence[float], k: int) -> float:
 # --- cost ------------------------------------------------------------------------------------------
 @dataclass
 class _Calibration:
-    """measured ~= slope * profiled + offset, fitted to recent forwards (exponentially weighted least
-    squares, the slope pulled towards measured / profiled).
+    """measured ~= slope * profiled + offset: the slope fitted to recent forwards (exponentially
+    weighted least squares, pulled towards measured / profiled), the offset following the latest
+    ones (the machine's speed drifts faster than its shape changes).
 
     A single ratio (the slope alone) is right when the whole machine is slower than at start-up, and
     when a batch of long sequences costs more per row than the profile's one short sequence. But the
     profile also misses per-step costs that do not grow with the rows (attention over a long context,
     sampling): SmolLM2 bf16 at batch 1 measured 48.6 ms for 1 row and 62.2 ms for 2 against a profile of
-    36.6 and 54.7 ms, and the ratio alone priced the second row at 21 ms instead of 13.6, so drafts that
-    paid were not made. Forwards of different sizes (drafting steps next to plain ones) show the slope."""
+    36.6 and 54.7 ms, and the ratio alone priced the second row at 21-24 ms instead of 13.6, so drafts
+    that paid were not made. Forwards of different sizes (drafting steps next to plain ones) show the
+    slope; prefill forwards are calibrated apart (StepCostModel), or their leverage would set it."""
 
     weight: float = 0.0
     sum_x: float = 0.0
     sum_y: float = 0.0
     sum_xx: float = 0.0
     sum_xy: float = 0.0
+    offset: float = 0.0
+
+    def slope(self) -> float:
+        mean_x, mean_y = self.sum_x / self.weight, self.sum_y / self.weight
+        spread = max(0.0, self.sum_xx - self.weight * mean_x * mean_x)  # weighted sum of (x - mean_x)^2
+        covariance = self.sum_xy - self.weight * mean_x * mean_y
+        prior = SLOPE_PRIOR_WEIGHT * (0.25 * mean_x) ** 2
+        return max(0.0, (covariance + prior * mean_y / mean_x) / (spread + prior))
 
     def observe(self, profiled: float, measured: float) -> None:
-        d = CALIBRATION_DECAY
+        d, first = CALIBRATION_DECAY, self.weight == 0
         self.weight = d * self.weight + 1.0
         self.sum_x = d * self.sum_x + profiled
         self.sum_y = d * self.sum_y + measured
         self.sum_xx = d * self.sum_xx + profiled * profiled
         self.sum_xy = d * self.sum_xy + profiled * measured
+        residual = measured - self.slope() * profiled
+        self.offset = residual if first else self.offset + OFFSET_ALPHA * (residual - self.offset)
 
     def predict(self, profiled: float) -> float:
-        if self.weight <= 0 or self.sum_x <= 0:
-            return profiled
-        mean_x, mean_y = self.sum_x / self.weight, self.sum_y / self.weight
-        ratio = mean_y / mean_x
-        spread = max(0.0, self.sum_xx - self.weight * mean_x * mean_x)  # weighted sum of (x - mean_x)^2
-        covariance = self.sum_xy - self.weight * mean_x * mean_y
-        prior = SLOPE_PRIOR_WEIGHT * (0.25 * mean_x) ** 2
-        slope = max(0.0, (covariance + prior * ratio) / (spread + prior))
-        return max(0.0, mean_y + slope * (profiled - mean_x))
+        return max(0.0, self.slope() * profiled + self.offset)
 
 
 class StepCostModel:
@@ -197,7 +208,7 @@ class StepCostModel:
         self._xs = [n for n, _ in points]
         self._ys = [s for _, s in points]
         self.draft_cost_ratio = draft_cost_ratio
-        self._calibration: dict[int, _Calibration] = {}  # batch bucket -> measured vs curve
+        self._calibration: dict[tuple[int, bool], _Calibration] = {}  # (batch bucket, prefill) -> fit
         self._draft_step: dict[int, float] = {}  # batch bucket -> seconds per draft step
         self._probe_draft: float | None = None  # proposer seconds per probe, measured
         self.overhead_seconds = 0.0
@@ -217,7 +228,7 @@ class StepCostModel:
 
     def target_seconds(self, num_sequences: int, num_tokens: int) -> float:
         profiled = self.curve(num_tokens)
-        calibration = self._calibration.get(_bucket(num_sequences))
+        calibration = self._calibration.get(_calibration_key(num_sequences, num_tokens))
         return profiled if calibration is None else calibration.predict(profiled)
 
     def draft_seconds(self, num_requests: int, num_steps: int) -> float:
@@ -253,7 +264,8 @@ class StepCostModel:
         base = self.curve(num_tokens)
         if base <= 0 or seconds <= 0:
             return
-        self._calibration.setdefault(_bucket(num_sequences), _Calibration()).observe(base, seconds)
+        key = _calibration_key(num_sequences, num_tokens)
+        self._calibration.setdefault(key, _Calibration()).observe(base, seconds)
 
     def observe_draft(self, num_requests: int, num_steps: int, seconds: float) -> None:
         if num_requests <= 0 or num_steps <= 0 or seconds < 0:

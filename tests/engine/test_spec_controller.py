@@ -313,6 +313,11 @@ def test_calibration_learns_what_a_row_adds_not_just_a_ratio():
         cost.observe_target(1, 2, 0.0622) if i % 12 == 0 else cost.observe_target(1, 1, 0.0486)
     assert cost.target_seconds(1, 1) == pytest.approx(0.0486, rel=0.02)
     assert cost.target_seconds(1, 2) - cost.target_seconds(1, 1) == pytest.approx(0.0136, rel=0.15)
+    # A prefill chunk (far along the curve, so it would set the slope) is calibrated apart.
+    row = cost.target_seconds(1, 2) - cost.target_seconds(1, 1)
+    cost.observe_target(1, 500, 3.0 * cost.curve(500))
+    assert cost.target_seconds(1, 2) - cost.target_seconds(1, 1) == pytest.approx(row)
+    assert cost.target_seconds(1, 500) == pytest.approx(3.0 * cost.curve(500))
     # A uniformly slower machine is still a ratio: every forward 1.5x its profile.
     slow = StepCostModel([(1, 0.0366), (2, 0.0547)])
     for i in range(60):

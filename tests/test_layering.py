@@ -148,3 +148,14 @@ def test_api_reads_the_engine_only_through_async_engine(module):
         if isinstance(node, ast.Attribute) and node.attr in ENGINE_INTERNALS
     )
     assert not reached, f"{module} reaches into the engine: {reached}"
+
+
+def test_the_cli_parses_flags_before_it_imports_torch():
+    """A usage error must not wait for torch and transformers (~4.5 s here): the CLI module and the
+    settings it builds import neither; they come with the engine, after the flags are checked."""
+    import subprocess
+    import sys
+
+    code = "import sys, specserve.api.cli; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

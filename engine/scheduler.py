@@ -108,9 +108,7 @@ class Scheduler:
         for free (an n-gram lookup), and the proposal's class lets the controller use the acceptance
         of proposals like it; static requests keep their cap (today's behaviour)."""
         static = self._is_static(request)
-        if cap <= 0 or static or self.preview is None:
-            return Candidate(request.request_id, cap, static)
-        seen = self.preview(request, cap)
+        seen = self.preview(request, cap) if cap > 0 and not static and self.preview else None
         if seen is None:
             return Candidate(request.request_id, cap, static)
         return Candidate(request.request_id, min(cap, max(0, seen.max_drafts)), static, seen.hint)

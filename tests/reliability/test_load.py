@@ -1,4 +1,4 @@
-"""64 concurrent streaming clients for over a minute: nothing dropped, no 5xx, everything released.
+"""64 concurrent streaming clients in rounds: nothing dropped, no 5xx, everything released.
 
 Three rounds of mixed load (chat and text, lengths, greedy and sampled, speculation on and off per
 request) on one server whose waiting queue is short enough that some requests are refused (503) at
@@ -15,7 +15,15 @@ from server_harness import start_server
 from specserve.benchmarks.soak import rss_bytes, run_load, summarize
 
 CLIENTS = 64
-ROUND_S = 21.0  # x 3 rounds (+ a warm-up) > 60 s of load
+# A leak grows RSS with the requests served, not with the seconds, so what the leak bound below sees is
+# how many requests lie between the two RSS readings it compares. Each round also drains for ~8 s after
+# its deadline (p99 latency: 24 waiting behind 32 running), so short rounds cost drain time, not load.
+# Rounds of 21 s (90 s for the test) compared the last round with the higher of the first two: growth
+# over at least one round, ~250 completed requests. Rounds of 6 s (55 s) compare the last round with the
+# first: growth over rounds 1 and 2, 235-267 completed (and ~670 refused) requests in three runs here,
+# so the same leak per request meets the same 8 MiB bound (and rss[2] - rss[0] >= rss[2] - max(rss[:2]):
+# the new comparison is never the laxer one).
+ROUND_S = 6.0
 MiB = 2**20
 # glibc's allocator keeps freed memory in per-thread arenas and grows its mmap threshold with every large
 # free, so the RSS left after a round moves by ~20 MiB either way with no leak at all (CI runs saw
@@ -60,11 +68,11 @@ async def test_load_rounds_no_loss_no_leak(tiny_llama_dir, server_logs):
         print(f"RSS MiB: baseline {baseline / MiB:.0f}, rounds {[round(r / MiB) for r in rss]}")
         assert sum(s["refused"] for s in summaries) > 0, "the admission limit was never reached"
         # Back near the pre-load level, and no upward trend across the rounds: a leak shows as the last
-        # round setting a new high, not as one round above another.
+        # round above the first (two rounds of requests later), not as the middle round above the first.
         # With STEADY_MALLOC three runs here stayed within 2 MiB of the baseline (384/385/385 MiB), so
-        # a leak of ~30 KiB per completed request (~250 per round) already fails the second bound.
+        # a leak of ~30 KiB per completed request (~250 in rounds 1 and 2) already fails the second bound.
         assert max(rss) <= baseline * 1.05 + 24 * MiB, (baseline, rss)
-        assert rss[2] - max(rss[:2]) <= 8 * MiB, rss
+        assert rss[2] - rss[0] <= 8 * MiB, rss
         assert srv.process.poll() is None
     finally:
         assert srv.stop() == 0

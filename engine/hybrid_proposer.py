@@ -6,6 +6,13 @@ a request takes the first proposal whose expected accepted length (its own recen
 proposer, times the drafts it got) is at least what the next proposer is expected to give; the rest go
 on down the list, so the draft model only runs for requests the cheap proposers could not serve well.
 
+For a request the speculation controller decides (adaptive policy), that choice is made a step
+earlier, in `preview`: the first proposer whose free preview satisfies the same rule is planned for
+the request, and the preview says which proposer and which of its classes (an n-gram match of 4
+tokens is accepted far more often than one of 1) the drafts will come from, so the controller
+chooses k from that class's acceptance; `propose` then keeps to the plan. A proposer that cannot
+preview (a draft model) ends the look-ahead: it is planned when reached, with the drafts asked for.
+
 Each proposer's drafts keep their own distribution (one-hot for n-gram, q for a draft model), so the
 verification stays exact whichever proposer a request's drafts came from. Every lifecycle hook goes
 to every proposer: a draft model that skipped a request for a few steps catches up from its own
@@ -20,12 +27,16 @@ import torch
 
 from .proposer import ProposalRequest, Proposals, Proposer, ProposerContext
 from .request import Request
+from .spec_controller import Preview
 
 INITIAL_ACCEPTANCE = 0.5  # a proposer's acceptance rate before a request has tried it
 ACCEPTANCE_ALPHA = 0.3  # weight of the newest verification in a request's per-proposer rate
 # Per step a proposer is not used for a request, its rate there drifts this far back to the
 # proposer's global rate, so a proposer that failed once is tried again when content changes.
 RECOVERY = 0.05
+# A previewed class is reported as proposer index * HINT_STRIDE + the proposer's own class, so the
+# controller keeps the n-gram match lengths and the draft model apart.
+HINT_STRIDE = 1 << 16
 
 
 def expected_accepted(rate: float, num_drafts: int) -> float:
@@ -38,6 +49,7 @@ class _RequestChoice:
     proposer: int = -1  # index of the proposer whose drafts the request got this step, -1: none
     num_drafts: int = 0
     rates: dict[int, float] = field(default_factory=dict)  # proposer index -> acceptance rate
+    planned: int = -1  # proposer index the last preview chose for the next proposal, -1: none
 
 
 class HybridProposer(Proposer):
@@ -55,34 +67,63 @@ class HybridProposer(Proposer):
     def _rate(self, choice: _RequestChoice, index: int) -> float:
         return choice.rates.get(index, self._global[index])
 
+    def _prefers(self, choice: _RequestChoice, index: int, num_drafts: int, max_drafts: int) -> bool:
+        """Whether `num_drafts` drafts of proposer `index` are expected to get at least as many
+        accepted as the next proposer's `max_drafts`."""
+        here = expected_accepted(self._rate(choice, index), num_drafts)
+        return here >= expected_accepted(self._rate(choice, index + 1), max_drafts)
+
+    def preview(self, request: Request, max_drafts: int) -> Preview | None:
+        choice = self._requests.setdefault(request.request_id, _RequestChoice())
+        choice.planned = -1
+        for index, proposer in enumerate(self.proposers):
+            seen = proposer.preview(request, max_drafts)
+            last = index == len(self.proposers) - 1
+            if seen is None and not last:
+                return None  # cannot tell what this one would give: decided in propose, as unplanned
+            drafts = max_drafts if seen is None else seen.max_drafts
+            if drafts > 0 and (last or self._prefers(choice, index, drafts, max_drafts)):
+                choice.planned = index
+                return Preview(drafts, index * HINT_STRIDE + (seen.hint if seen is not None else 0))
+        return Preview(0, 0)
+
     def propose(self, batch: list[ProposalRequest]) -> Proposals:
         token_ids: list[list[int]] = [[] for _ in batch]
         probs: list[torch.Tensor | None] = [None] * len(batch)
+        planned: dict[int, int] = {}  # batch row -> proposer index its preview chose
+        for i, item in enumerate(batch):
+            choice = self._requests.setdefault(item.request.request_id, _RequestChoice())
+            if choice.planned >= 0:
+                planned[i], choice.planned = choice.planned, -1
         pending = list(range(len(batch)))
         for index, proposer in enumerate(self.proposers):
-            if not pending:
-                break
+            asked = [i for i in pending if planned.get(i, index) == index]  # the others wait for theirs
+            if not asked:
+                continue
             last = index == len(self.proposers) - 1
-            sub = [batch[i] for i in pending]
-            for i in pending:  # give a stale rate its drift back towards the proposer's global rate
-                choice = self._requests.setdefault(batch[i].request.request_id, _RequestChoice())
+            sub = [batch[i] for i in asked]
+            for i in asked:  # give a stale rate its drift back towards the proposer's global rate
+                choice = self._requests[batch[i].request.request_id]
                 if index in choice.rates and choice.proposer != index:
                     choice.rates[index] += RECOVERY * (self._global[index] - choice.rates[index])
             result = proposer.propose(sub)
-            still: list[int] = []
-            for row, i in enumerate(pending):
+            still = [i for i in pending if planned.get(i, index) != index]
+            for row, i in enumerate(asked):
                 item = batch[i]
                 choice = self._requests[item.request.request_id]
                 drafts = list(result.token_ids[row]) if row < len(result.token_ids) else []
                 if not drafts:
+                    planned.pop(i, None)  # the plan gave nothing after all: the next proposers try
                     still.append(i)
                     continue
-                if not last:
-                    here = expected_accepted(self._rate(choice, index), len(drafts))
-                    nxt = expected_accepted(self._rate(choice, index + 1), item.num_speculative_tokens)
-                    if here < nxt:
-                        still.append(i)
-                        continue
+                unplanned = i not in planned
+                if (
+                    unplanned
+                    and not last
+                    and not self._prefers(choice, index, len(drafts), item.num_speculative_tokens)
+                ):
+                    still.append(i)
+                    continue
                 token_ids[i] = drafts
                 probs[i] = result.probs[row] if result.probs else None
                 choice.proposer, choice.num_drafts = index, len(drafts)

@@ -7,6 +7,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .proposer_registry import check_method_names
 from .sampling_params import MAX_NUM_SPECULATIVE_TOKENS, SPECULATIVE_POLICIES
 
 # torch is imported inside the functions that use it, not here: the CLI imports this module to build
@@ -188,7 +189,8 @@ class EngineConfig:
             raise ValueError(
                 f"--speculative-policy must be one of {', '.join(SPECULATIVE_POLICIES)}, not {self.speculative_policy!r}"
             )
-        parse_method_list(self.speculative_method)  # raises on a malformed list
+        # Raises on a malformed list, or on a name no installed proposer has: before any model loads.
+        check_method_names(parse_method_list(self.speculative_method))
         k = self.num_speculative_tokens
         if k is None or not 0 <= k <= MAX_NUM_SPECULATIVE_TOKENS:
             raise ValueError(f"--max-num-steps must be in [0, {MAX_NUM_SPECULATIVE_TOKENS}]")

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .proposer_registry import ProposerError as ProposerError  # defined torch-free, raised by plugins
 from .random_streams import RequestRandom
 from .request import Request
 from .spec_controller import Preview
@@ -152,7 +153,3 @@ class Proposer:
 
     def on_finished(self, request: Request) -> None:
         """The request is done (any reason): release its per-request state."""
-
-
-class ProposerError(ValueError):
-    """A proposer cannot be built (bad name, bad path, incompatible draft): a start-up error."""

@@ -8,6 +8,7 @@ import torch
 from tiny_models import build_tiny_model, make_adaptive_llm, make_llm, mixed_prompts
 
 from specserve.engine import SamplingParams
+from specserve.engine.config import EngineConfig, ModelSpec
 from specserve.engine.proposer import ProposerError
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
@@ -185,6 +186,15 @@ def test_mismatched_draft_vocabulary_is_refused(tiny_llama_dir, tmp_path):
 def test_unknown_method_lists_choices(tiny_llama_dir):
     with pytest.raises(ProposerError, match="ngram"):
         make_llm(tiny_llama_dir, speculative_method="no_such_method")
+
+
+def test_unknown_method_is_refused_before_any_model_loads():
+    """The config checks the names against the installed proposers; a model that does not exist is
+    never reached. package.module:Class is imported only when the engine builds it."""
+    config = EngineConfig(model=ModelSpec("/no/such/model"), speculative_method="ngram,no_such_method")
+    with pytest.raises(ProposerError, match="'no_such_method'; choose auto, none, .*ngram"):
+        config.validate()
+    EngineConfig(model=ModelSpec("/no/such/model"), speculative_method="ngram,no_such.module:Cls").validate()
 
 
 def test_stops_and_logprobs_inside_accepted_windows(tiny_llama_dir, tiny_draft_dir, prompts, plain):

@@ -42,11 +42,12 @@ def test_preview_plans_the_proposer_and_propose_keeps_to_it(tiny_llama_dir, tiny
     unmatched = _request([1, 2, 3, 4], "unmatched")
     assert hybrid.preview(unmatched, 4) == Preview(4, 1 * HINT_STRIDE)  # the draft model, its one class
 
-    # A request whose n-gram rate says its 1-token match is worth less than the draft model's 4
-    # drafts is planned for the draft model although it has a match.
+    # Two n-gram drafts are worth less than the draft model's 4 at equal rates: the draft model is
+    # planned although there is a match; once the draft model's own rate is low, the match is.
     weak = _request([7, 8, 7], "weak")
-    hybrid._requests.setdefault("weak", type(hybrid._requests["matched"])()).rates[0] = 0.1
     assert hybrid.preview(weak, 4) == Preview(4, 1 * HINT_STRIDE)
+    hybrid._requests["weak"].rates[1] = 0.1
+    assert hybrid.preview(weak, 4) == Preview(2, 0 * HINT_STRIDE + 1)  # "7" matched, "8 7" follow
     # Unplanned requests (static policy: never previewed) are decided in propose, as before.
     static = _request([1, 2, 3, 9, 5, 1, 2, 3], "static")
     assert hybrid.propose([ProposalRequest(static, 2)]).token_ids == [[9, 5]]

@@ -264,7 +264,7 @@ SERIES: tuple[Series, ...] = (
     Series(
         "specserve:spec_decode_controller_predicted_step_seconds",
         "counter",
-        "Step time the controller's cost model predicted for those steps",
+        "Step time the controller's cost model predicted for those steps as they ran",
         _SPEC,
         lambda s: s.controller_predicted_step_seconds,
     ),

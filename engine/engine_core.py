@@ -236,18 +236,21 @@ class EngineCore:
             return
         cost = self.controller.cost
         num_seqs, num_tokens = len(batch.sequences), sum(len(q.token_ids) for q in batch.sequences)
-        predicted = cost.target_seconds(num_seqs, num_tokens)  # before this step teaches the model
+        drafting = [s for s in sched.scheduled if s.num_speculative_tokens > 0]
+        draft_steps = max((s.num_speculative_tokens for s in drafting), default=0)
+        # Priced before this step teaches the model. The step that ran, not the one the controller
+        # weighed: that one had no requests admitted after its choice (their prefill chunks).
+        predicted = cost.target_seconds(num_seqs, num_tokens)
+        predicted_step = cost.step_seconds(num_seqs, num_tokens, len(drafting), draft_steps)
         self.stats.events.forward_costs.append((num_seqs, num_tokens, predicted, forward_seconds))
         cost.observe_target(num_seqs, num_tokens, forward_seconds)
-        drafting = [s for s in sched.scheduled if s.num_speculative_tokens > 0]
         decision = sched.speculation
         probed = set(decision.probed) if decision is not None else set()
         if drafting and all(s.request.request_id in probed for s in drafting):
             # Only probes drafted: priced on their own (a probe may first catch up on missed tokens).
             cost.observe_probe(len(drafting), draft_seconds)
         elif drafting:
-            steps = max(s.num_speculative_tokens for s in drafting)
-            cost.observe_draft(len(drafting), steps, draft_seconds)
+            cost.observe_draft(len(drafting), draft_steps, draft_seconds)
         cost.observe_overhead(step_seconds - forward_seconds - draft_seconds)
         if decision is None:
             return
@@ -255,7 +258,7 @@ class EngineCore:
         spec = self.stats.spec
         spec.controller_steps += 1
         spec.predicted_tokens += decision.predicted_tokens
-        spec.predicted_step_seconds += decision.predicted_seconds
+        spec.predicted_step_seconds += predicted_step
         spec.measured_step_seconds += step_seconds
         spec.measured_tokens += sum(
             len(e)

@@ -46,7 +46,7 @@ class SpecDecodingStats:
     controller_steps: int = 0
     predicted_tokens: float = 0.0
     measured_tokens: int = 0
-    predicted_step_seconds: float = 0.0
+    predicted_step_seconds: float = 0.0  # the cost model's price of each step as it ran
     measured_step_seconds: float = 0.0
 
     def record_k(self, k: int) -> None:

@@ -505,3 +505,30 @@ def test_grammar_forced_tokens_get_slots_the_controller_would_not_give():
         r.num_forced_tokens = 6
     ks = {x.request.request_id: x.num_speculative_tokens for x in s.schedule().scheduled}
     assert ks == {"a": 4, "off": 0}  # forced tokens fill the cap; a request with speculation off gets none
+
+
+def test_predicted_step_seconds_price_the_step_that_ran(tiny_llama_dir):
+    """The controller chooses k before waiting requests are admitted, so its own prediction leaves out
+    their prefill chunks; the reported prediction prices the step that ran (with the cost model as it
+    stood before that step's measurement)."""
+    from tiny_models import make_adaptive_llm
+
+    # A forward costs 1 + 0.1 x (tokens - 1) seconds, whatever it measures.
+    llm = make_adaptive_llm(tiny_llama_dir, slope=0.1, speculative_method="ngram", num_speculative_tokens=4)
+    engine = llm.engine
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    engine.add_request(engine.make_request([5, 6, 7, 5, 6, 7], params))
+    engine.step()  # the first request's prefill: nobody decodes, the controller does not decide
+    late = list(range(10, 50))
+    engine.add_request(engine.make_request(late, params))  # admitted while the first one decodes
+    shapes: list[tuple[int, int]] = []  # (sequences, tokens) of every forward the controller decided
+    while engine.has_work():
+        before = engine.stats.spec.controller_steps
+        engine.step()
+        forwards = engine.stats.drain_events().forward_costs
+        if engine.stats.spec.controller_steps > before:
+            shapes.append(forwards[-1][:2])
+    assert shapes, "the controller decided no step"
+    assert max(tokens for _, tokens in shapes) >= len(late)  # the late prefill ran in a decided step
+    want = sum(1 + 0.1 * (tokens - 1) for _, tokens in shapes)
+    assert engine.stats.spec.predicted_step_seconds == pytest.approx(want)

@@ -522,7 +522,7 @@ class EngineCore:
         num_proposed = w.draft.num_proposed
         accepted_proposed = min(num_accepted, num_proposed)
         if self.controller is not None:
-            self.controller.observe_verification(req.request_id, num_proposed, accepted_proposed)
+            self.controller.observe_verification(req.request_id, num_proposed, accepted_proposed, emitted)
         if num_drafts:
             req.spec.record(num_drafts, num_accepted)
             self.stats.spec.record(num_drafts, num_accepted)

@@ -84,7 +84,8 @@ class HybridProposer(Proposer):
             drafts = max_drafts if seen is None else seen.max_drafts
             if drafts > 0 and (last or self._prefers(choice, index, drafts, max_drafts)):
                 choice.planned = index
-                return Preview(drafts, index * HINT_STRIDE + (seen.hint if seen is not None else 0))
+                hint = index * HINT_STRIDE + (seen.hint if seen is not None else 0)
+                return Preview(drafts, hint, seen.drafts if seen is not None else ())
         return Preview(0, 0)
 
     def propose(self, batch: list[ProposalRequest]) -> Proposals:

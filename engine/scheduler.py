@@ -111,7 +111,8 @@ class Scheduler:
         seen = self.preview(request, cap) if cap > 0 and not static and self.preview else None
         if seen is None:
             return Candidate(request.request_id, cap, static)
-        return Candidate(request.request_id, min(cap, max(0, seen.max_drafts)), static, seen.hint)
+        cap = min(cap, max(0, seen.max_drafts))
+        return Candidate(request.request_id, cap, static, seen.hint, tuple(seen.drafts[:cap]))
 
     def _speculation_plan(self, out: SchedulerOutput) -> dict[str, int]:
         """k per running request in decode: its cap, or the controller's choice for adaptive ones."""

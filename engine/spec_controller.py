@@ -15,11 +15,13 @@ Pure Python (no torch): the scheduler calls it. Three parts, each replaceable on
   draft step is learned online per batch-size bucket, and a fixed per-step overhead too.
 - `SpeculationController.choose`: the k vector that maximises expected emitted tokens per second of
   step time (goodput) under the token budget. k = 0 for a request, or the whole batch, when drafting
-  does not pay; a request that stopped drafting for low acceptance is probed with one draft now and
-  then (the interval doubles while probes fail), so a change of content switches it back on. Probes
-  are paid from a budget: PROBE_BUDGET of the server's step time, so that when speculation never
-  pays, probing it costs at most that share (a probe's price is the extra verification row plus what
-  the proposer spent on the last probes, which includes a draft model's or head's catch-up).
+  does not pay. A request that is not drafting keeps learning: when its proposer previews the tokens
+  it would draft (n-gram lookup), they are judged against the tokens the request emits next, which is
+  what verifying them would have found (`_Shadow`), at no cost. Otherwise it is probed with one draft
+  now and then (the interval doubles while probes fail), so a change of content switches it back on.
+  Probes are paid from a budget: PROBE_BUDGET of the server's step time, so that when speculation
+  never pays, probing it costs at most that share (a probe's price is the extra verification row plus
+  what the proposer spent on the last probes, which includes a draft model's or head's catch-up).
 
 Requests under the static policy get their cap (today's behaviour); the controller optimises the
 adaptive ones around them.
@@ -298,6 +300,7 @@ class Candidate:
     cap: int  # most drafts it may get (request cap, config K_max, tokens left, drafts available); 0 = none
     static: bool = False  # static policy: gets its cap, not optimised
     hint: int | None = None  # the proposal's class, from the proposer's free preview (None: no preview)
+    drafts: tuple[int, ...] = ()  # the previewed proposal's tokens, when the proposer could tell them
 
 
 @dataclass(frozen=True)
@@ -307,6 +310,10 @@ class Preview:
 
     max_drafts: int  # drafts it would propose now (0: none, so the request is not drafted or probed)
     hint: int  # the proposal's class: acceptance is estimated per class (n-gram: matched length)
+    # The tokens it would propose, for a proposal that is one-hot and the same whenever it is asked
+    # (n-gram lookup). The controller then learns their acceptance without drafting them: an undrafted
+    # request's next tokens are what verification would have compared them with (see _Shadow).
+    drafts: tuple[int, ...] = ()
 
 
 @dataclass
@@ -323,6 +330,23 @@ class _ProbeState:
     interval: int = FIRST_PROBE_INTERVAL
 
 
+@dataclass
+class _Shadow:
+    """A previewed proposal that was not drafted, judged against the tokens the request emits next.
+
+    For a one-hot draft d the rejection sampler accepts d with probability p(d) (the target's
+    probability after the accepted prefix), and the target's own next token is d with the same
+    probability, greedy or sampled. So comparing the previewed drafts with the next emitted tokens is
+    a verification the step did not pay for: a request that is not drafting keeps learning the
+    acceptance of each class of its proposals, without probes. Before shadows, a request whose content
+    differed from everyone's (math answers: a 1-token n-gram match accepted ~0.37 against ~0.21 over
+    all answers) was judged by the global rates until probes, a few per request, corrected them."""
+
+    hint: int | None
+    drafts: tuple[int, ...]
+    matched: int = 0  # drafts already equal to emitted tokens
+
+
 class SpeculationController:
     def __init__(self, k_max: int, cost: StepCostModel, acceptance: AcceptanceModel | None = None):
         self.k_max = k_max
@@ -331,6 +355,8 @@ class SpeculationController:
         self._probes: dict[str, _ProbeState] = {}
         self._probe_savings = 0.0  # seconds of step time saved up for probes (see _probe)
         self._hints: dict[str, int | None] = {}  # request id -> class of its drafts this step
+        self._previewed: dict[str, tuple[int, ...]] = {}  # request id -> previewed drafts this step
+        self._shadows: dict[str, list[_Shadow]] = {}  # request id -> undrafted previews being judged
 
     def choose(
         self,
@@ -348,6 +374,9 @@ class SpeculationController:
             c.request_id: self.acceptance.rates(c.request_id, priors[c.hint], c.hint) for c in candidates
         }
         self._hints = {c.request_id: c.hint for c in candidates}
+        self._previewed = {
+            c.request_id: c.drafts[: c.cap] for c in candidates if not c.static and c.cap > 0 and c.drafts
+        }
         budget = max(0, token_budget)
         # Static requests first: their drafts are fixed, the adaptive ones are chosen around them.
         tokens, gain, max_steps, drafting = 0, 0.0, 0, 0
@@ -431,6 +460,8 @@ class SpeculationController:
                 self._probes[c.request_id] = state
             if c.cap <= 0:  # nothing to draft (a preview found no proposal, no tokens left): not counted
                 continue
+            if c.request_id in self._previewed:  # learned from its shadows (_Shadow): no probe needed
+                continue
             if k[c.request_id] > 0:
                 state.steps_without_drafts = 0
                 state.interval = FIRST_PROBE_INTERVAL
@@ -463,9 +494,37 @@ class SpeculationController:
         return probed
 
     # --- feedback ---------------------------------------------------------------------------------
-    def observe_verification(self, request_id: str, num_drafts: int, num_accepted: int) -> None:
-        self.acceptance.observe(request_id, num_drafts, num_accepted, self._hints.get(request_id))
+    def observe_verification(
+        self, request_id: str, num_drafts: int, num_accepted: int, emitted: Sequence[int] = ()
+    ) -> None:
+        """A scheduled decode request's step: its proposer's drafts and how many were accepted, and
+        the tokens it emitted (which judge its undrafted previews)."""
+        hint = self._hints.get(request_id)
+        previewed = self._previewed.pop(request_id, ())
+        if num_drafts > 0:
+            self.acceptance.observe(request_id, num_drafts, num_accepted, hint)
+        elif previewed:
+            self._shadows.setdefault(request_id, []).append(_Shadow(hint, previewed))
+        pending = self._shadows.get(request_id)
+        for token in emitted:
+            if not pending:
+                break
+            still = []
+            for shadow in pending:
+                if shadow.drafts[shadow.matched] == token:
+                    shadow.matched += 1
+                    if shadow.matched < len(shadow.drafts):
+                        still.append(shadow)
+                        continue
+                self.acceptance.observe(request_id, len(shadow.drafts), shadow.matched, shadow.hint)
+            pending = still
+        if pending:
+            self._shadows[request_id] = pending
+        else:
+            self._shadows.pop(request_id, None)
 
     def forget(self, request_id: str) -> None:
         self.acceptance.forget(request_id)
         self._probes.pop(request_id, None)
+        self._previewed.pop(request_id, None)
+        self._shadows.pop(request_id, None)

@@ -44,7 +44,7 @@ class NgramProposer(Proposer):
         the longer the match, the likelier its continuation is what the target says next."""
         tokens = np.asarray(request.all_token_ids, dtype=np.int64)
         n, drafts = find_match(tokens, self.ngram_min, self.ngram_max, max_drafts)
-        return Preview(len(drafts), n)
+        return Preview(len(drafts), n, tuple(drafts))
 
     def propose(self, batch: list[ProposalRequest]) -> Proposals:
         drafts = []

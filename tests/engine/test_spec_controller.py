@@ -532,3 +532,79 @@ def test_predicted_step_seconds_price_the_step_that_ran(tiny_llama_dir):
     assert max(tokens for _, tokens in shapes) >= len(late)  # the late prefill ran in a decided step
     want = sum(1 + 0.1 * (tokens - 1) for _, tokens in shapes)
     assert engine.stats.spec.predicted_step_seconds == pytest.approx(want)
+
+
+class RecordingAcceptance(AcceptanceModel):
+    def __init__(self) -> None:
+        super().__init__(K_MAX)
+        self.seen: list[tuple[str, int, int, int | None]] = []
+
+    def observe(self, request_id: str, num_drafts: int, num_accepted: int, hint: int | None = None) -> None:
+        self.seen.append((request_id, num_drafts, num_accepted, hint))
+        super().observe(request_id, num_drafts, num_accepted, hint)
+
+
+def test_undrafted_previews_are_judged_by_the_tokens_emitted_next():
+    """A previewed proposal the step did not draft is verified against the tokens the request emits
+    next: the accepted prefix is known once a token differs or every draft came true."""
+    acceptance = RecordingAcceptance()
+    ctrl = SpeculationController(K_MAX, FrozenCost(STEEP), acceptance)  # drafting never pays
+
+    def step(drafts: tuple[int, ...], emitted: list[int], hint: int = 2) -> None:
+        d = ctrl.choose([Candidate("a", len(drafts), hint=hint, drafts=drafts)], 1, 1, 2048)
+        k = d.k["a"]
+        ctrl.observe_verification("a", k, min(k, len(emitted) - 1), emitted)
+
+    step((5, 6, 7), [5])
+    step((6, 7, 8), [6])
+    assert acceptance.seen == []  # both still match so far
+    step((9, 9, 9), [9], hint=3)  # the first two end here: 5 6 came true, then 9 not 7; 6 then 9 not 7
+    assert acceptance.seen == [("a", 3, 2, 2), ("a", 3, 1, 2)]
+    step((9, 4), [9, 4, 1])  # several tokens in one step (grammar-forced ones): 9 9 then 4 not 9
+    assert acceptance.seen[2:] == [("a", 3, 2, 3), ("a", 2, 2, 2)]
+    ctrl.choose([Candidate("a", 2, hint=2, drafts=(7, 7))], 1, 1, 2048)
+    ctrl.forget("a")  # finished before its shadow was judged: dropped, not counted
+    ctrl.observe_verification("a", 0, 0, [7, 7])
+    assert len(acceptance.seen) == 4
+    # A drafted proposal is judged by its verification, not twice.
+    ctrl = SpeculationController(K_MAX, FrozenCost(FLAT), acceptance)
+    d = ctrl.choose([Candidate("b", 2, hint=1, drafts=(3, 4))], 1, 1, 2048)
+    assert d.k["b"] == 2
+    ctrl.observe_verification("b", 2, 1, [3, 8])
+    assert acceptance.seen[4:] == [("b", 2, 1, 1)]
+
+
+def test_a_request_better_than_its_class_learns_it_without_probes():
+    """Math answers accept a 1-token n-gram match's draft more often than other answers do: a
+    request that is not drafting learns that from its shadows and starts drafting, with no probe."""
+    ctrl = controller([(1, 0.010), (1024, 0.010 + 0.003 * 1023)])  # a row costs 30% of a step
+    for _ in range(50):
+        ctrl.acceptance.observe("others", 4, 0, hint=1)  # everyone else's 1-token matches fail
+    ks: list[int] = []
+    t = 100
+    for _ in range(16):
+        d = ctrl.choose([Candidate("m", 4, hint=1, drafts=(t, t + 1, t + 2, t + 3))], 1, 1, 2048)
+        assert d.probed == []
+        k = d.k["m"]
+        ks.append(k)
+        emitted = list(range(t, t + k + 1))  # every draft comes true
+        ctrl.observe_verification("m", k, k, emitted)
+        t += len(emitted)
+    assert ks[0] == 0 and ks[-1] >= 2, ks
+
+
+def test_an_adaptive_server_learns_undrafted_previews(tiny_llama_dir):
+    """With drafting too dear to pay (a token costs a whole step) nothing is drafted, probes
+    included, yet the acceptance of the n-gram classes is learned and outputs equal plain greedy."""
+    from tiny_models import make_adaptive_llm, make_llm, mixed_prompts
+
+    greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    prompts = mixed_prompts(8, seed=11)
+    want = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, greedy, use_chat_template=False)]
+    llm = make_adaptive_llm(tiny_llama_dir, slope=1.0, speculative_method="ngram", num_speculative_tokens=4)
+    outs = llm.generate(prompts, greedy, use_chat_template=False)
+    assert [o.token_ids for o in outs] == want
+    assert sum(o.spec.num_draft_tokens for o in outs) == 0
+    acceptance = llm.engine.controller.acceptance
+    initial = acceptance.global_rates(hint=-1)
+    assert [h for h in range(1, 5) if acceptance.global_rates(hint=h) != initial]

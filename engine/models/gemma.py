@@ -21,7 +21,7 @@ from torch import nn
 from ..attention import AttentionBackend, AttentionMetadata
 from .arch import ArchConfig, UnsupportedArchitectureError
 from .decoder import CausalDecoder, KVCache
-from .layers import DecoderLayer, bind_attention, make_rope
+from .layers import DecoderLayer, bind_attention, make_embedding, make_rope
 
 
 class GemmaRMSNorm(nn.Module):
@@ -55,7 +55,7 @@ class GemmaForCausalLM(CausalDecoder):
         self.config = cfg
         rope = make_rope(cfg)
         self.embed_scale = math.sqrt(cfg.hidden_size)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = make_embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, rope, GemmaRMSNorm) for _ in range(cfg.num_layers))
         self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)

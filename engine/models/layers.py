@@ -49,6 +49,15 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
+def make_embedding(num_embeddings: int, dim: int) -> nn.Embedding:
+    """nn.Embedding; built on the meta device (shapes only, the loader fills it) it skips the random
+    init: normal_ has no C++ meta kernel, and its Python fallback imports torch._dynamo (~2 s per
+    process). Elsewhere (a model built in memory) it is initialised as usual."""
+    if torch.get_default_device().type == "meta":
+        return nn.Embedding(num_embeddings, dim, _weight=torch.empty(num_embeddings, dim))
+    return nn.Embedding(num_embeddings, dim)
+
+
 def make_rope(cfg: ArchConfig) -> RotaryEmbedding:
     return RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
 

@@ -14,7 +14,7 @@ from torch import nn
 from ..attention import AttentionBackend, AttentionMetadata
 from .arch import ArchConfig
 from .decoder import CausalDecoder, KVCache
-from .layers import DecoderLayer, RMSNorm, bind_attention, make_rope
+from .layers import DecoderLayer, RMSNorm, bind_attention, make_embedding, make_rope
 
 __all__ = ["LlamaForCausalLM"]
 
@@ -24,7 +24,7 @@ class LlamaForCausalLM(CausalDecoder):
         super().__init__()
         self.config = cfg
         rope = make_rope(cfg)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = make_embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, rope) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)

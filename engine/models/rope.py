@@ -41,6 +41,17 @@ class RotaryEmbedding(torch.nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None):
         super().__init__()
+        if torch.get_default_device().type == "meta":
+            # Built for shapes only (the loader, the weight-size estimate): the loader rebuilds the
+            # table on the real device (`bind`). arange, cos, ... have no C++ meta kernels, and their
+            # Python fallback imports torch._dynamo (~2 s per process), so skip the arithmetic here;
+            # the frequencies are still computed (on the CPU, a few numbers): they refuse a bad scaling and
+            # give the table's width.
+            with torch.device("cpu"):
+                width = 2 * inverse_frequencies(head_dim, theta, scaling).numel()
+            self.register_buffer("cos", torch.empty(max_positions, width), persistent=False)
+            self.register_buffer("sin", torch.empty(max_positions, width), persistent=False)
+            return
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # [P, D/2]
         self.register_buffer("cos", torch.cat([angles.cos(), angles.cos()], dim=-1), persistent=False)

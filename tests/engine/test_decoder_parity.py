@@ -104,3 +104,30 @@ def test_bfloat16_logits_equal_transformers(tmp_path, arch):
         expected = ref.eval()(torch.tensor([ids])).logits[0].float()  # [20, vocab]
         out = _run(model, [(ids, 20)], kv, [list(range(8))])
     assert torch.equal(out, expected), (out - expected).abs().max()
+
+
+def test_loading_never_imports_dynamo(tmp_path):
+    """The loader and the weight-size estimate build the decoder on the meta device. Ops without a C++
+    meta kernel there (nn.Embedding's normal_ init, the rope table's arange) fall back to Python and
+    import torch._dynamo, ~2 s in every server and CLI process: the meta build must run none of them.
+    llama3 has rope scaling; gemma its own norms and embedding scale."""
+    import subprocess
+    import sys
+
+    for arch in ("llama3", "gemma"):
+        build_tiny_model(tmp_path / arch, arch, with_tokenizer=False)
+    code = f"""
+import sys
+from pathlib import Path
+import torch
+from specserve.engine.models.arch import ArchConfig
+from specserve.engine.models.factory import load_decoder
+from specserve.engine.weight_size import estimate_weight_bytes
+for arch in ("llama3", "gemma"):
+    directory = Path({str(tmp_path)!r}) / arch
+    estimate_weight_bytes(ArchConfig.from_directory(directory), torch.bfloat16, "int8", float_linears=False)
+    load_decoder(directory, torch.bfloat16)
+print(sorted(m for m in sys.modules if m.startswith("torch._dynamo")))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import atexit
+import gc
 import sys
 from pathlib import Path
 
@@ -8,6 +10,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_models import build_tiny_model  # noqa: E402
+
+# After pytest is done (its own cleanup, which collects garbage to report unraisable exceptions, has
+# run): freeze the heap so the interpreter's final collection does not walk everything torch built.
+atexit.register(gc.freeze)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import atexit
+import compileall
 import gc
 import sys
 from pathlib import Path
@@ -14,6 +15,15 @@ from tiny_models import build_tiny_model  # noqa: E402
 # After pytest is done (its own cleanup, which collects garbage to report unraisable exceptions, has
 # run): freeze the heap so the interpreter's final collection does not walk everything torch built.
 atexit.register(gc.freeze)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Byte-compile the package once: the servers and CLIs the tests start import it from this source
+    tree, and with PYTHONDONTWRITEBYTECODE set (as here) each would compile every module again (~0.4 s
+    a process). Python checks each .pyc against its source's mtime and size, so none goes stale."""
+    root = Path(__file__).resolve().parents[1]
+    for package in ("specserve_pkg", "engine", "api", "plugins", "benchmarks"):
+        compileall.compile_dir(root / package, quiet=1)
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from pydantic import ValidationError, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from specserve.engine.config import EngineConfig, ModelSpec
+from specserve.engine.model_source import unknown_model_path
 
 from .cpu_threads import default_num_threads
 from .flags import Flag
@@ -118,6 +119,11 @@ def engine_config_from(settings: BaseSettings) -> EngineConfig:
         config.validate()
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    for spec in (target, draft):  # the loader refuses these too, but only after torch is imported
+        if spec is not None and spec.model_path and not spec.weight_path:
+            why = unknown_model_path(spec.model_path)
+            if why:
+                raise CliError(why)
     # torch only now: a usage error found above is reported without paying seconds for its import.
     import torch
 

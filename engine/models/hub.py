@@ -7,22 +7,19 @@ decide up front (HF_HUB_OFFLINE, the caller's flag, or a ~2 s TCP probe) and nev
 from __future__ import annotations
 
 import os
-import re
 import socket
 import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
+from ..model_source import looks_like_hub_id
 from .errors import ModelLoadError
+
+__all__ = ["looks_like_hub_id"]  # re-exported: defined without torch for the CLI's early check
 
 # What a decoder needs from a hub repo; skips .bin/.gguf/.onnx duplicates of the same weights.
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "tokenizer*"]
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 PROBE_TIMEOUT_S = 2.0
-
-
-def looks_like_hub_id(name: str) -> bool:
-    return bool(_HUB_ID.match(name)) and ".." not in name
 
 
 def _hf_cache() -> str | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import time
 import zipfile
 from pathlib import Path
 
@@ -123,14 +122,17 @@ def test_directory_without_weights(tmp_path: Path) -> None:
         resolve_model(str(tmp_path))
 
 
-def test_offline_hub_id_fails_fast_with_one_line() -> None:
-    start = time.monotonic()
+def test_offline_hub_id_fails_fast_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_contact(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the hub was contacted although HF_HUB_OFFLINE is set")
+
+    # Fast because nothing is tried over the network: neither the reachability probe nor a download.
+    monkeypatch.setattr(hub, "_probe", no_contact)
+    monkeypatch.setattr(hub, "download", no_contact)
     with pytest.raises(ModelLoadError) as err:
         resolve_model("nobody/no-such-model")
-    elapsed = time.monotonic() - start
 
     message = str(err.value)
-    assert elapsed < 5, elapsed
     assert "\n" not in message
     assert message.startswith(
         "cannot load nobody/no-such-model: tried HF cache: not cached; hub: HF_HUB_OFFLINE"
@@ -141,10 +143,14 @@ def test_offline_hub_id_fails_fast_with_one_line() -> None:
 def test_unreachable_hub_is_detected_without_hanging(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: nothing listens, refused at once
-    start = time.monotonic()
+
+    def no_download(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a download was tried after the probe found the hub unreachable")
+
+    # The probe (a bounded TCP connect in a daemon thread) decides; no download, with its retries, runs.
+    monkeypatch.setattr(hub, "download", no_download)
     with pytest.raises(ModelLoadError, match=r"hub: 127\.0\.0\.1:9 unreachable"):
         resolve_model("nobody/no-such-model")
-    assert time.monotonic() - start < 5
 
 
 def test_offline_flag_wins_over_environment(monkeypatch: pytest.MonkeyPatch) -> None:

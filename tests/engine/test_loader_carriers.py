@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from specserve.engine.models import carriers, gguf_convert
 from specserve.engine.models.carriers import carrier_gguf_path, find_carrier
 from specserve.engine.models.loader import DEFAULT_MODEL, ResolvedModel, resolve_model
 
@@ -54,10 +54,15 @@ def test_smollm2_default_model_from_carrier(smollm2: ResolvedModel, cache_dir: P
     assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (30, 576, 49152)
     assert config["eos_token_id"] == 2 and config["bos_token_id"] == 1
 
-    # Second resolve: straight from the cache.
-    start = time.monotonic()
-    again = resolve_model(DEFAULT_MODEL, cache_dir=cache_dir)
-    assert again.directory == smollm2.directory and time.monotonic() - start < 3
+    # Second resolve: straight from the cache (nothing downloaded or converted again).
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the cached carrier was fetched or converted again")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(carriers, "_pip_download", refuse)
+        mp.setattr(gguf_convert, "_write_model", refuse)
+        again = resolve_model(DEFAULT_MODEL, cache_dir=cache_dir)
+    assert again.directory == smollm2.directory
 
 
 def test_smollm2_tokenizer(smollm2: ResolvedModel) -> None:

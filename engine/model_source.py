@@ -9,6 +9,10 @@ from pathlib import Path
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
+def not_a_model_message(model_path: str) -> str:
+    return f"model path {model_path!r} does not exist and is not a hub id (org/name)"
+
+
 def looks_like_hub_id(name: str) -> bool:
     return bool(_HUB_ID.match(name)) and ".." not in name
 
@@ -18,4 +22,4 @@ def unknown_model_path(model_path: str) -> str | None:
     and is not a hub id. None when it exists or may be a hub id."""
     if Path(model_path).expanduser().exists() or looks_like_hub_id(model_path):
         return None
-    return f"model path {model_path!r} does not exist and is not a hub id (org/name)"
+    return not_a_model_message(model_path)

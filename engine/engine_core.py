@@ -236,7 +236,12 @@ class EngineCore:
             return
         cost = self.controller.cost
         num_seqs, num_tokens = len(batch.sequences), sum(len(q.token_ids) for q in batch.sequences)
-        drafting = [s for s in sched.scheduled if s.num_speculative_tokens > 0]
+        decision = sched.speculation
+        free = decision.free if decision is not None else frozenset()
+        # Requests whose drafts were free lookups (Preview.free) took no draft steps.
+        drafting = [
+            s for s in sched.scheduled if s.num_speculative_tokens > 0 and s.request.request_id not in free
+        ]
         draft_steps = max((s.num_speculative_tokens for s in drafting), default=0)
         # Priced before this step teaches the model. The step that ran, not the one the controller
         # weighed: that one had no requests admitted after its choice (their prefill chunks).
@@ -244,7 +249,6 @@ class EngineCore:
         predicted_step = cost.step_seconds(num_seqs, num_tokens, len(drafting), draft_steps)
         self.stats.events.forward_costs.append((num_seqs, num_tokens, predicted, forward_seconds))
         cost.observe_target(num_seqs, num_tokens, forward_seconds)
-        decision = sched.speculation
         probed = set(decision.probed) if decision is not None else set()
         if drafting and all(s.request.request_id in probed for s in drafting):
             # Only probes drafted: priced on their own (a probe may first catch up on missed tokens).
@@ -360,8 +364,11 @@ class EngineCore:
             not isinstance(seen, Preview)
             or not isinstance(seen.max_drafts, int)
             or not isinstance(seen.hint, int)
+            or not isinstance(seen.free, bool)
         ):
-            self._reject_proposal(f"preview {seen!r} is not a Preview(max_drafts: int, hint: int)")
+            self._reject_proposal(
+                f"preview {seen!r} is not a Preview(max_drafts: int, hint: int, drafts, free: bool)"
+            )
             return None
         return seen
 

@@ -85,7 +85,9 @@ class HybridProposer(Proposer):
             if drafts > 0 and (last or self._prefers(choice, index, drafts, max_drafts)):
                 choice.planned = index
                 hint = index * HINT_STRIDE + (seen.hint if seen is not None else 0)
-                return Preview(drafts, hint, seen.drafts if seen is not None else ())
+                if seen is None:
+                    return Preview(drafts, hint)
+                return Preview(drafts, hint, seen.drafts, seen.free)
         return Preview(0, 0)
 
     def propose(self, batch: list[ProposalRequest]) -> Proposals:

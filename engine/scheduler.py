@@ -112,7 +112,7 @@ class Scheduler:
         if seen is None:
             return Candidate(request.request_id, cap, static)
         cap = min(cap, max(0, seen.max_drafts))
-        return Candidate(request.request_id, cap, static, seen.hint, tuple(seen.drafts[:cap]))
+        return Candidate(request.request_id, cap, static, seen.hint, tuple(seen.drafts[:cap]), seen.free)
 
     def _speculation_plan(self, out: SchedulerOutput) -> dict[str, int]:
         """k per running request in decode: its cap, or the controller's choice for adaptive ones."""

@@ -30,11 +30,15 @@ adaptive ones around them.
 from __future__ import annotations
 
 import bisect
+import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-# Pseudo-observations the global estimate is worth inside a request's estimate.
+# Pseudo-observations the global estimate is worth inside a request's pooled estimate, and the
+# pooled estimate inside each position's.
 PRIOR_WEIGHT = 2.0
+POSITION_WEIGHT = 2.0
 # Per-observation decay of a request's counts (memory ~5 verifications) and the global counts (~200).
 REQUEST_DECAY = 0.8
 GLOBAL_DECAY = 0.995
@@ -59,6 +63,11 @@ PREFILL_TOKENS_PER_SEQUENCE = 32
 # ratio, and one odd forward does not set the slope on its own.
 SLOPE_PRIOR_WEIGHT = 2.0
 DRAFT_ALPHA = 0.2
+# The draft's cost per step is the median of this many recent drafting steps per batch bucket. A
+# draft model's first proposal for a request also feeds it the whole prompt (0.6 s against 0.23 s
+# for five steps of the Qwen pair's int4 0.5B draft); averaged in, every new request raised the
+# per-step price by a quarter for the next several steps.
+DRAFT_WINDOW = 9
 OVERHEAD_ALPHA = 0.1
 
 
@@ -97,7 +106,16 @@ class AcceptanceModel:
     """Acceptance per draft position, per request and per proposal class (`hint`: what the proposer
     can tell about a proposal before drafting it for free, e.g. the length of an n-gram match;
     None when it cannot tell). Classes are kept apart because they differ more than requests do: on
-    SmolLM2 answers a 1-token n-gram match's first draft is accepted ~0.2 of the time, a 4-token one's ~0.8."""
+    SmolLM2 answers a 1-token n-gram match's first draft is accepted ~0.2 of the time, a 4-token one's ~0.8.
+
+    Estimates are pooled over positions, then told apart: a request's rate over all the positions it
+    was judged at (its class's global rate as the prior), and at position j its own counts there with
+    that pooled rate as the prior. Position j is only judged when a request drafts more than j tokens,
+    so an estimate kept per position on its own is a trap: one rejection at the third draft kept the
+    Qwen pair's code answers (pooled acceptance 0.97) at k = 2 for the rest of the request, since the
+    third position was never tried again and its prior (every request's third position) was stuck the
+    same way. A position without recent trials of its own now reads the request's pooled rate; one
+    with them (the first draft of a qa answer, accepted 0.6 while later drafts are 0.9) keeps them."""
 
     def __init__(self, k_max: int, initial_acceptance: float = 0.5):
         self.k_max = k_max
@@ -105,28 +123,29 @@ class AcceptanceModel:
         self._global: dict[int | None, _Counts] = {}
         self._requests: dict[str, dict[int | None, _Counts]] = {}
 
-    def global_rates(self, hint: int | None = None) -> list[float]:
-        """Every request's recent acceptance per position for proposals of class `hint`; an unseen
-        position inherits the previous one."""
-        counts = self._global.get(hint) or _Counts.zeros(self.k_max)
-        rates, previous = [], self.initial
-        for h, t in zip(counts.hits, counts.trials, strict=True):
-            previous = (h + previous) / (t + 1.0)  # one pseudo-observation of the position before
-            rates.append(previous)
-        return rates
+    def global_rate(self, hint: int | None = None) -> float:
+        """Every request's recent acceptance over all positions for proposals of class `hint`."""
+        counts = self._global.get(hint)
+        if counts is None:
+            return self.initial
+        return (sum(counts.hits) + self.initial) / (sum(counts.trials) + 1.0)  # one pseudo-observation
 
-    def rates(
-        self, request_id: str, prior: list[float] | None = None, hint: int | None = None
-    ) -> list[float]:
-        """a_j for j in 0..k_max-1: this request's counts for class `hint` with the global rates of
-        that class (`prior`, computed here when not given) as a prior."""
-        prior = prior if prior is not None else self.global_rates(hint)
+    def global_rates(self, hint: int | None = None) -> list[float]:
+        """What a request of class `hint` without verifications of its own starts from, per position."""
+        return [self.global_rate(hint)] * self.k_max
+
+    def rates(self, request_id: str, prior: float | None = None, hint: int | None = None) -> list[float]:
+        """a_j for j in 0..k_max-1: this request's counts for class `hint`, pooled over positions with
+        the global rate of that class (`prior`, computed here when not given) as the pooled prior, and
+        per position with the pooled rate as the prior."""
+        prior = prior if prior is not None else self.global_rate(hint)
         own = self._requests.get(request_id, {}).get(hint)
         if own is None:
-            return prior
+            return [prior] * self.k_max
+        pooled = (sum(own.hits) + PRIOR_WEIGHT * prior) / (sum(own.trials) + PRIOR_WEIGHT)
         return [
-            (h + PRIOR_WEIGHT * g) / (t + PRIOR_WEIGHT)
-            for h, t, g in zip(own.hits, own.trials, prior, strict=True)
+            (h + POSITION_WEIGHT * pooled) / (t + POSITION_WEIGHT)
+            for h, t in zip(own.hits, own.trials, strict=True)
         ]
 
     def observe(self, request_id: str, num_drafts: int, num_accepted: int, hint: int | None = None) -> None:
@@ -213,7 +232,7 @@ class StepCostModel:
         self._ys = [s for _, s in points]
         self.draft_cost_ratio = draft_cost_ratio
         self._calibration: dict[tuple[int, bool], _Calibration] = {}  # (batch bucket, prefill) -> fit
-        self._draft_step: dict[int, float] = {}  # batch bucket -> seconds per draft step
+        self._draft_steps: dict[int, deque[float]] = {}  # batch bucket -> recent seconds per draft step
         self._probe_draft: float | None = None  # proposer seconds per probe, measured
         self.overhead_seconds = 0.0
 
@@ -238,10 +257,14 @@ class StepCostModel:
     def draft_seconds(self, num_requests: int, num_steps: int) -> float:
         if num_requests <= 0 or num_steps <= 0:
             return 0.0
-        per_step = self._draft_step.get(_bucket(num_requests))
-        if per_step is None:
-            per_step = self.draft_cost_ratio * self.target_seconds(num_requests, num_requests)
-        return num_steps * per_step
+        return num_steps * self.draft_step_seconds(num_requests)
+
+    def draft_step_seconds(self, num_requests: int) -> float:
+        """One draft step for `num_requests` requests: measured, or from the weight ratio before."""
+        recent = self._draft_steps.get(_bucket(num_requests))
+        if not recent:
+            return self.draft_cost_ratio * self.target_seconds(num_requests, num_requests)
+        return statistics.median(recent)
 
     def probe_seconds(self, num_sequences: int, num_tokens: int) -> float:
         """What one more probe adds to a step that runs `num_tokens` tokens: a verification row, and
@@ -274,10 +297,8 @@ class StepCostModel:
     def observe_draft(self, num_requests: int, num_steps: int, seconds: float) -> None:
         if num_requests <= 0 or num_steps <= 0 or seconds < 0:
             return
-        b = _bucket(num_requests)
-        per_step = seconds / num_steps
-        old = self._draft_step.get(b)
-        self._draft_step[b] = per_step if old is None else old + DRAFT_ALPHA * (per_step - old)
+        recent = self._draft_steps.setdefault(_bucket(num_requests), deque(maxlen=DRAFT_WINDOW))
+        recent.append(seconds / num_steps)
 
     def observe_probe(self, num_probes: int, seconds: float) -> None:
         """The proposer's time in a step whose only drafts were `num_probes` probes."""
@@ -301,6 +322,7 @@ class Candidate:
     static: bool = False  # static policy: gets its cap, not optimised
     hint: int | None = None  # the proposal's class, from the proposer's free preview (None: no preview)
     drafts: tuple[int, ...] = ()  # the previewed proposal's tokens, when the proposer could tell them
+    free: bool = False  # drafting it costs no model work (a lookup): no draft steps priced
 
 
 @dataclass(frozen=True)
@@ -314,6 +336,11 @@ class Preview:
     # (n-gram lookup). The controller then learns their acceptance without drafting them: an undrafted
     # request's next tokens are what verification would have compared them with (see _Shadow).
     drafts: tuple[int, ...] = ()
+    # Drafting it needs no model (n-gram lookup: ~0.2 ms against ~50 ms for a draft step of the Qwen
+    # pair's 0.5B draft), so only its verification rows are priced. In a hybrid both kinds share one
+    # step: priced alike, the lookups' near-zero times pulled the draft model's measured step cost
+    # down by a third, and the draft model's price kept cheap matches from being drafted.
+    free: bool = False
 
 
 @dataclass
@@ -322,6 +349,20 @@ class Decision:
     predicted_tokens: float  # expected tokens the decode requests emit
     predicted_seconds: float  # expected step time
     probed: list[str] = field(default_factory=list)
+    free: frozenset[str] = frozenset()  # requests whose drafts cost no draft steps (Preview.free)
+
+
+@dataclass
+class _Drafts:
+    """What a step's drafts add up to while the controller weighs them."""
+
+    tokens: int  # draft tokens (verification rows beyond each request's own)
+    gain: float  # expected accepted tokens
+    steps: int  # draft steps (the most any costly proposal takes)
+    drafting: int  # requests whose proposals cost draft steps
+
+    def copy(self) -> _Drafts:
+        return _Drafts(self.tokens, self.gain, self.steps, self.drafting)
 
 
 @dataclass
@@ -369,7 +410,7 @@ class SpeculationController:
         sequences (every decode request's last token and any prefill chunks), with at most
         `token_budget` draft tokens in all."""
         k = {c.request_id: 0 for c in candidates}
-        priors = {h: self.acceptance.global_rates(h) for h in {c.hint for c in candidates}}
+        priors = {h: self.acceptance.global_rate(h) for h in {c.hint for c in candidates}}
         rates = {
             c.request_id: self.acceptance.rates(c.request_id, priors[c.hint], c.hint) for c in candidates
         }
@@ -398,42 +439,61 @@ class SpeculationController:
                     p *= a
                     slots.append((p, j, c.request_id))
         slots.sort(key=lambda s: (-s[0], s[1]))
-
+        free = frozenset(c.request_id for c in candidates if c.free and not c.static)
+        fixed = _Drafts(tokens, gain, max_steps, drafting)
         n_decode = len(candidates)
 
-        def goodput(tokens: int, gain: float, steps: int, drafting: int) -> float:
-            seconds = self.cost.step_seconds(num_sequences, base_tokens + tokens, drafting, steps)
-            return (n_decode + gain) / max(seconds, 1e-9)
+        def goodput(d: _Drafts) -> float:
+            seconds = self.cost.step_seconds(num_sequences, base_tokens + d.tokens, d.drafting, d.steps)
+            return (n_decode + d.gain) / max(seconds, 1e-9)
 
-        best = goodput(tokens, gain, max_steps, drafting)
-        no_adaptive_drafts, best_n = best, 0
-        drafting_adaptive: set[str] = set()
-        for n, (p, j, rid) in enumerate(slots, start=1):
-            if tokens >= budget:
-                break
-            tokens += 1
-            gain += p
-            if rid not in drafting_adaptive:  # static requests are never in `slots`
-                drafting += 1
-            drafting_adaptive.add(rid)
-            max_steps = max(max_steps, j + 1)
-            g = goodput(tokens, gain, max_steps, drafting)
-            if g > best:
-                best, best_n = g, n
+        def best_prefix(order: list[tuple[float, int, str]]) -> tuple[float, int]:
+            """(goodput, length) of the best prefix of `order` within the token budget."""
+            d, drafting_adaptive = fixed.copy(), set()
+            best, best_n = goodput(d), 0
+            for n, (p, j, rid) in enumerate(order, start=1):
+                if d.tokens >= budget:
+                    break
+                d.tokens += 1
+                d.gain += p
+                if rid not in free:  # a free proposal's slot adds its row, no draft step
+                    if rid not in drafting_adaptive:  # static requests are never in `slots`
+                        d.drafting += 1
+                    drafting_adaptive.add(rid)
+                    d.steps = max(d.steps, j + 1)
+                g = goodput(d)
+                if g > best:
+                    best, best_n = g, n
+            return best, best_n
+
+        # By marginal tokens alone a draft model's slot can come before a free one of the same value,
+        # and every prefix then pays a draft step; the free slots first is the other candidate order.
+        orders = [slots]
+        if free and len(free) < len({rid for _, _, rid in slots}):
+            orders.append([s for s in slots if s[2] in free] + [s for s in slots if s[2] not in free])
+        no_adaptive_drafts = goodput(fixed)
+        best, best_n, order = max(((*best_prefix(o), o) for o in orders), key=lambda b: b[0])
         if best < no_adaptive_drafts * MIN_GAIN:
             best_n = 0
         chosen: dict[str, int] = {}
-        for _, j, rid in slots[:best_n]:
+        for _, j, rid in order[:best_n]:
             chosen[rid] = max(chosen.get(rid, 0), j + 1)
         k.update(chosen)
 
-        probed = self._probe(candidates, k, num_sequences, base_tokens)
-        drafts = [v for v in k.values() if v > 0]
-        seconds = self.cost.step_seconds(
-            num_sequences, base_tokens + sum(drafts), len(drafts), max(drafts, default=0)
-        )
+        probed = self._probe(candidates, k, num_sequences, base_tokens, free)
+        seconds = self.step_seconds(num_sequences, base_tokens, k, free)
         predicted = sum(expected_tokens(rates[c.request_id], k[c.request_id]) for c in candidates)
-        return Decision(k, predicted, seconds, probed)
+        return Decision(k, predicted, seconds, probed, free)
+
+    def step_seconds(
+        self, num_sequences: int, base_tokens: int, k: dict[str, int], free: frozenset[str] = frozenset()
+    ) -> float:
+        """The cost model's price of a step with these drafts (free ones add rows, no draft steps)."""
+        drafts = [v for v in k.values() if v > 0]
+        costly = [v for rid, v in k.items() if v > 0 and rid not in free]
+        return self.cost.step_seconds(
+            num_sequences, base_tokens + sum(drafts), len(costly), max(costly, default=0)
+        )
 
     def _probe(
         self,
@@ -441,6 +501,7 @@ class SpeculationController:
         k: dict[str, int],
         num_sequences: int,
         base_tokens: int,
+        free: frozenset[str] = frozenset(),
     ) -> list[str]:
         """One draft, now and then, for a request the optimiser gave none: its acceptance estimate
         may be stale (content changes) or only a prior. A request is due for a probe after `interval`
@@ -469,9 +530,8 @@ class SpeculationController:
             state.steps_without_drafts += 1
             if state.steps_without_drafts >= state.interval:
                 due.append((c, state))
-        drafts = [v for v in k.values() if v > 0]
-        num_tokens = base_tokens + sum(drafts)
-        step_seconds = self.cost.step_seconds(num_sequences, num_tokens, len(drafts), max(drafts, default=0))
+        num_tokens = base_tokens + sum(v for v in k.values() if v > 0)
+        step_seconds = self.step_seconds(num_sequences, base_tokens, k, free)
         price = self.cost.probe_seconds(num_sequences, num_tokens)
         self._probe_savings = min(self._probe_savings + PROBE_BUDGET * step_seconds, MAX_SAVED_PROBES * price)
         due.sort(

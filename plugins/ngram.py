@@ -40,11 +40,11 @@ class NgramProposer(Proposer):
         self.ngram_max = ctx.config.ngram_max
 
     def preview(self, request: Request, max_drafts: int) -> Preview:
-        """The lookup is the proposal, so it is free to look ahead. Its class is the matched length:
-        the longer the match, the likelier its continuation is what the target says next."""
+        """The lookup is the proposal, so it is free to look ahead (and to draft). Its class is the
+        matched length: the longer the match, the likelier its continuation is what the target says next."""
         tokens = np.asarray(request.all_token_ids, dtype=np.int64)
         n, drafts = find_match(tokens, self.ngram_min, self.ngram_max, max_drafts)
-        return Preview(len(drafts), n, tuple(drafts))
+        return Preview(len(drafts), n, tuple(drafts), free=True)
 
     def propose(self, batch: list[ProposalRequest]) -> Proposals:
         drafts = []

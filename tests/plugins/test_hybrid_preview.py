@@ -33,7 +33,7 @@ def _hybrid(tiny_llama_dir, tiny_draft_dir):
 def test_preview_plans_the_proposer_and_propose_keeps_to_it(tiny_llama_dir, tiny_draft_dir):
     hybrid = _hybrid(tiny_llama_dir, tiny_draft_dir).engine.proposer
     matched = _request([1, 2, 3, 9, 5, 1, 2, 3], "matched")  # "1 2 3" seen before: 9 5 1 2 follow
-    assert hybrid.preview(matched, 4) == Preview(4, 0 * HINT_STRIDE + 3, (9, 5, 1, 2))
+    assert hybrid.preview(matched, 4) == Preview(4, 0 * HINT_STRIDE + 3, (9, 5, 1, 2), free=True)
     # Even if the n-gram's rate fell between preview and propose, the drafts are the planned ones.
     hybrid._requests["matched"].rates[0] = 0.0
     out = hybrid.propose([ProposalRequest(matched, 2)])
@@ -47,7 +47,8 @@ def test_preview_plans_the_proposer_and_propose_keeps_to_it(tiny_llama_dir, tiny
     weak = _request([7, 8, 7], "weak")
     assert hybrid.preview(weak, 4) == Preview(4, 1 * HINT_STRIDE)
     hybrid._requests["weak"].rates[1] = 0.1
-    assert hybrid.preview(weak, 4) == Preview(2, 1, (8, 7))  # n-gram (index 0): "7" matched, "8 7" follow
+    # n-gram (index 0): "7" matched, "8 7" follow
+    assert hybrid.preview(weak, 4) == Preview(2, 1, (8, 7), free=True)
     # Unplanned requests (static policy: never previewed) are decided in propose, as before.
     static = _request([1, 2, 3, 9, 5, 1, 2, 3], "static")
     assert hybrid.propose([ProposalRequest(static, 2)]).token_ids == [[9, 5]]

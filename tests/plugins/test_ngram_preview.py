@@ -34,7 +34,7 @@ def test_preview_is_what_propose_would_draft(tiny_llama_dir):
         req.output_token_ids = ids[-1:]
         seen = proposer.preview(req, 4)
         drafted = proposer.propose([ProposalRequest(req, 4)]).token_ids[0]
-        assert seen == Preview(len(drafted), seen.hint, tuple(drafted))
+        assert seen == Preview(len(drafted), seen.hint, tuple(drafted), free=True)  # a lookup: free
         assert (seen.hint > 0) == bool(drafted)
 
 

@@ -115,7 +115,7 @@ class EngineCore:
         curve = profile_forward_cost(
             self.model, self.kv_cache, self.config.block_size, self.num_blocks, self.device, max_rows
         )
-        ratio = self.proposer.weight_bytes() / max(1, module_bytes(self.model))
+        ratio = self.proposer.step_weight_bytes() / max(1, module_bytes(self.model))
         return SpeculationController(k_max, StepCostModel(curve, draft_cost_ratio=ratio))
 
     # --- requests ------------------------------------------------------------------------------

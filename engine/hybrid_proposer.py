@@ -142,6 +142,9 @@ class HybridProposer(Proposer):
     def weight_bytes(self) -> int:
         return sum(p.weight_bytes() for p in self.proposers)
 
+    def step_weight_bytes(self) -> int:
+        return sum(p.step_weight_bytes() for p in self.proposers)
+
     def bind_kv_cache(self, num_slots: int) -> None:
         for p in self.proposers:
             if p.kv_bytes_per_token() > 0:

@@ -131,6 +131,11 @@ class Proposer:
         """Bytes of weights this proposer holds besides the target's (counted before KV sizing)."""
         return 0
 
+    def step_weight_bytes(self) -> int:
+        """Bytes of weights one draft step reads: before the speculation controller has timed a
+        draft step, it prices one at this share of the target's weights. Default: all it holds."""
+        return self.weight_bytes()
+
     def bind_kv_cache(self, num_slots: int) -> None:
         """Allocate the proposer's KV for `num_slots` slots (only called when kv_bytes_per_token > 0)."""
 

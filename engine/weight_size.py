@@ -28,6 +28,7 @@ def estimate_weight_bytes(
     *,
     float_linears: bool = True,
     from_gguf: bool = False,
+    keep_float_linears: bool = False,
 ) -> int:
     """Peak bytes of the weights while loading, which is also what stays resident after it.
 
@@ -35,15 +36,18 @@ def estimate_weight_bytes(
     first (no packed cache, no GGUF to quantize from), so they count at full size. `from_gguf`: int4
     layers built from GGUF Q4 blocks keep the GGUF's 32-weight groups (more scales than a larger
     --int4-group-size), so they are counted that way: at worst a few percent above the real size.
+    `keep_float_linears`: a quantized draft keeps the float linear weights beside the packed ones
+    (engine/row_routed_linear.py), so both count (an upper bound: a shape whose float GEMM never
+    wins drops its copy).
     """
     with torch.device("meta"):
         model = build_decoder(cfg).to(dtype)
         rope = make_rope(cfg)
     itemsize = dtype.itemsize
-    quantize = encoding is not None and not float_linears
+    quantize = encoding is not None and (keep_float_linears or not float_linears)
     total, seen = 0, set()
     for module in model.modules():
-        if quantize and isinstance(module, nn.Linear):
+        if quantize and isinstance(module, nn.Linear) and not keep_float_linears:
             continue
         for param in module.parameters(recurse=False):
             if id(param) not in seen:  # a tied lm_head shares the embedding's weight

@@ -16,6 +16,7 @@ from specserve.engine.memory import module_bytes
 from specserve.engine.proposer import ProposalRequest, Proposals, Proposer, ProposerContext, ProposerError
 from specserve.engine.random_streams import Purpose, RequestRandom
 from specserve.engine.request import Request
+from specserve.engine.row_routed_linear import float_copy_bytes
 from specserve.engine.runner import SequenceInput, forward_sequences
 from specserve.engine.sampler import logits_to_probs
 from specserve.engine.tokenizer import Tokenizer
@@ -36,6 +37,8 @@ class DraftModelProposer(Proposer):
             memory_utilization=ctx.config.device_memory_utilization,
             resident_bytes=module_bytes(ctx.target) if spec.device == ctx.device else 0,
             what="the draft model's weights",
+            # A quantized draft's catch-up on a prompt is many rows, which its kernels pay by the row.
+            float_for_many_rows=True,
         )
         self.model = loaded.model
         self.device = spec.device
@@ -52,6 +55,11 @@ class DraftModelProposer(Proposer):
 
     def weight_bytes(self) -> int:
         return module_bytes(self.model)
+
+    def step_weight_bytes(self) -> int:
+        # A draft step is a row per request: the quantized weights, not the float copies kept for
+        # catch-ups on a prompt.
+        return module_bytes(self.model) - float_copy_bytes(self.model)
 
     def bind_kv_cache(self, num_slots: int) -> None:
         self.kv_cache = self.model.allocate_kv_cache(num_slots, self.dtype, self.device)

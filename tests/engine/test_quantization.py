@@ -139,8 +139,10 @@ def test_int4_draft_keeps_float32_target_output(tiny_llama_dir, tiny_draft_dir):
         draft_model_path=str(tiny_draft_dir),
         draft_quantization_encoding="int4",
     )
-    draft_model = llm.engine.proposer.model
-    assert isinstance(draft_model.lm_head, Int4Linear)
+    head = (
+        llm.engine.proposer.model.lm_head
+    )  # routed or not by this machine's timings (test_row_routed_linear)
+    assert isinstance(getattr(head, "quantized", head), Int4Linear)
     assert next(llm.engine.model.parameters()).dtype == torch.float32
     outs = llm.generate(prompts, GREEDY, use_chat_template=False)
     assert [o.token_ids for o in outs] == plain

@@ -3,17 +3,24 @@
 The KV cache of one layer is a flat slot array `[num_blocks * block_size, kv_heads, head_dim]`;
 slot = block_id * block_size + offset. Each step writes the new tokens' K/V through `slot_mapping`,
 then gathers every sequence's context through `context_slots` into a padded batch so that prefills,
-decodes and (k+1)-token verification windows of different requests run in ONE SDPA call per layer.
+decodes and (k+1)-token verification windows of different requests run in one SDPA call per layer,
+or one per group of sequences with similar query lengths (`grouped`): padded to the longest query of
+the batch, one 9-token window made every decode of a 16-request SmolLM2 batch attend 9 query rows
+(steps 0.13 s instead of 0.10 s with 16% more rows), a 500-token prefill chunk 500.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 import torch.nn.functional as F
+
+AttentionBackend: TypeAlias = Callable[..., torch.Tensor]
 
 
 @dataclass
@@ -26,6 +33,10 @@ class AttentionMetadata:
     # True when every sequence has the same query length: the flat batch is already [S, Q] and the
     # query/output gathers can be skipped (the common all-decode and single-sequence steps).
     uniform_queries: bool = False
+    # Set when the sequences are attended in groups of similar query length: (flat token indices
+    # [T_g], that group's metadata) per group. The padded fields above are then empty: every backend
+    # (`grouped`) runs each group on its own.
+    groups: tuple[tuple[torch.Tensor, AttentionMetadata], ...] = ()
 
     @classmethod
     def build(
@@ -46,6 +57,11 @@ class AttentionMetadata:
         NaN there would reach the output (softmax weight 0 times NaN is NaN), so the engine passes a
         reserved slot that is never written and stays zero: one request's bad numbers cannot leak
         into another's attention through padding."""
+        groups = query_groups(query_lens)
+        if len(groups) > 1:
+            return cls._grouped(
+                groups, query_lens, context_lens, block_tables, block_size, device, pad_slot, context_starts
+            )
         num_seqs = len(query_lens)
         max_q, max_c = max(query_lens), max(context_lens)
         slot_mapping: list[int] = []
@@ -80,6 +96,91 @@ class AttentionMetadata:
             uniform_queries=len(set(query_lens)) == 1,
         )
 
+    @classmethod
+    def _grouped(
+        cls,
+        groups: list[list[int]],
+        query_lens: list[int],
+        context_lens: list[int],
+        block_tables: list[list[int]],
+        block_size: int,
+        device: torch.device | str,
+        pad_slot: int,
+        context_starts: list[int] | None,
+    ) -> AttentionMetadata:
+        firsts = [0]
+        for q_len in query_lens:
+            firsts.append(firsts[-1] + q_len)  # flat index of each sequence's first token
+        parts = []
+        for members in groups:
+            tokens = [t for i in members for t in range(firsts[i], firsts[i + 1])]
+            meta = cls.build(
+                [query_lens[i] for i in members],
+                [context_lens[i] for i in members],
+                [block_tables[i] for i in members],
+                block_size,
+                device,
+                pad_slot,
+                [context_starts[i] for i in members] if context_starts is not None else None,
+            )
+            parts.append((torch.tensor(tokens, dtype=torch.int64, device=device), meta))
+        empty = torch.empty(0, dtype=torch.int64, device=device)
+        return cls(
+            empty, empty, empty, torch.empty(0, dtype=torch.bool, device=device), empty, groups=tuple(parts)
+        )
+
+
+# A group's longest query may be this many times its shortest: padding to it wastes at most that
+# factor of the group's query rows. Single-token decodes always form their own group: SDPA's CPU
+# kernel costs 2.4x more per sequence from 2 query rows on (16 sequences, 400 keys: 0.48 ms a layer
+# at 1 row, 1.18 ms at 2, 1.33 ms at 9), so one 2-token window padding every decode to 2 rows made a
+# 16-request SmolLM2 step 27% slower.
+MAX_QUERY_SPREAD = 2
+
+
+def query_groups(query_lens: list[int]) -> list[list[int]]:
+    """Sequence indices in groups of similar query length (decodes, windows, prefill chunks apart),
+    each in batch order; one group when the lengths are all alike."""
+    order = sorted(range(len(query_lens)), key=lambda i: query_lens[i])
+    groups: list[list[int]] = []
+    for i in order:
+        shortest = query_lens[groups[-1][0]] if groups else 0
+        if (
+            groups
+            and shortest > 1
+            and query_lens[i] <= MAX_QUERY_SPREAD * shortest
+            or query_lens[i] == shortest == 1
+        ):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return [sorted(g) for g in groups]
+
+
+def grouped(backend: AttentionBackend) -> AttentionBackend:
+    """Let `backend` take a grouped metadata: it runs on each group of sequences (their tokens are
+    disjoint, so each group writes and reads only its own sequences' cache slots)."""
+
+    @functools.wraps(backend)
+    def run(
+        q: torch.Tensor,  # [T, H, D]
+        k: torch.Tensor,  # [T, KVH, D]
+        v: torch.Tensor,  # [T, KVH, D]
+        k_cache: torch.Tensor,  # [num_slots, KVH, D]
+        v_cache: torch.Tensor,  # [num_slots, KVH, D]
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [T, H * D]
+        if not meta.groups:
+            return backend(q, k, v, k_cache, v_cache, meta, scale)
+        out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+        for tokens, sub in meta.groups:
+            pick = functools.partial(torch.index_select, dim=0, index=tokens)
+            out.index_copy_(0, tokens, backend(pick(q), pick(k), pick(v), k_cache, v_cache, sub, scale))
+        return out
+
+    return run
+
 
 def _write_and_gather(
     q: torch.Tensor,  # [T, H, D]
@@ -112,6 +213,7 @@ def _flatten_output(out: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     return out if meta.uniform_queries else out.index_select(0, meta.output_index)
 
 
+@grouped
 def paged_attention(
     q: torch.Tensor,  # [T, H, D]
     k: torch.Tensor,  # [T, KVH, D]
@@ -140,6 +242,7 @@ _INVARIANT_KEY_TILE = 64
 INVARIANT_QUERY_TILE = 256
 
 
+@grouped
 def batch_invariant_paged_attention(
     q: torch.Tensor,  # [T, H, D]
     k: torch.Tensor,  # [T, KVH, D]
@@ -212,6 +315,7 @@ def _invariant_rows(
     return out.view(num_seqs, kv_heads, group, rows, dim)  # from [S, KVH, G * Qt, D]
 
 
+@grouped
 def xformers_paged_attention(q, k, v, k_cache, v_cache, meta, scale) -> torch.Tensor:  # [T, H * D]
     """CUDA backend through xformers' memory-efficient attention (same gather, same mask as SDPA)."""
     import xformers.ops as xops
@@ -229,9 +333,6 @@ def xformers_paged_attention(q, k, v, k_cache, v_cache, meta, scale) -> torch.Te
     bias.masked_fill_(meta.attn_mask.expand(num_seqs, heads, max_q, max_c), 0.0)
     out = xops.memory_efficient_attention(queries, keys, values, attn_bias=bias, scale=scale)  # [S, Q, H, D]
     return _flatten_output(out, meta)
-
-
-AttentionBackend = Callable[..., torch.Tensor]
 
 
 def select_attention_backend(

@@ -254,7 +254,8 @@ class EngineCore:
             # Only probes drafted: priced on their own (a probe may first catch up on missed tokens).
             cost.observe_probe(len(drafting), draft_seconds)
         elif drafting:
-            cost.observe_draft(len(drafting), draft_steps, draft_seconds)
+            setup = decision.setup_tokens if decision is not None else 0
+            cost.observe_draft(len(drafting), draft_steps, draft_seconds, setup)
         cost.observe_overhead(step_seconds - forward_seconds - draft_seconds)
         if decision is None:
             return
@@ -365,9 +366,11 @@ class EngineCore:
             or not isinstance(seen.max_drafts, int)
             or not isinstance(seen.hint, int)
             or not isinstance(seen.free, bool)
+            or not isinstance(seen.setup_tokens, int)
         ):
             self._reject_proposal(
-                f"preview {seen!r} is not a Preview(max_drafts: int, hint: int, drafts, free: bool)"
+                f"preview {seen!r} is not a Preview(max_drafts: int, hint: int, drafts, free: bool,"
+                " setup_tokens: int)"
             )
             return None
         return seen

@@ -112,7 +112,16 @@ class Scheduler:
         if seen is None:
             return Candidate(request.request_id, cap, static)
         cap = min(cap, max(0, seen.max_drafts))
-        return Candidate(request.request_id, cap, static, seen.hint, tuple(seen.drafts[:cap]), seen.free)
+        return Candidate(
+            request.request_id,
+            cap,
+            static,
+            seen.hint,
+            tuple(seen.drafts[:cap]),
+            seen.free,
+            max(0, seen.setup_tokens),
+            request.max_new_tokens_left(self.config.max_length),
+        )
 
     def _speculation_plan(self, out: SchedulerOutput) -> dict[str, int]:
         """k per running request in decode: its cap, or the controller's choice for adaptive ones."""

@@ -68,6 +68,13 @@ DRAFT_ALPHA = 0.2
 # for five steps of the Qwen pair's int4 0.5B draft); averaged in, every new request raised the
 # per-step price by a quarter for the next several steps.
 DRAFT_WINDOW = 9
+# Before a catch-up was measured, one token of it is priced at this share of a draft step (the Qwen
+# pair's int4 0.5B draft on its float path: 512 tokens 0.87 s, one step 0.046 s).
+SETUP_TOKEN_PRIOR = 1 / 16
+SETUP_ALPHA = 0.2
+# A drafting step whose proposals fed at least this many catch-up tokens per drafting request teaches
+# the per-token price (fewer are lost in the per-step times' noise).
+SETUP_MIN_TOKENS = 16
 OVERHEAD_ALPHA = 0.1
 
 
@@ -245,6 +252,7 @@ class StepCostModel:
         self._calibration: dict[tuple[int, bool, bool], _Calibration] = {}  # see _calibration_key
         self._draft_steps: dict[int, deque[float]] = {}  # batch bucket -> recent seconds per draft step
         self._probe_draft: float | None = None  # proposer seconds per probe, measured
+        self._setup_token: float | None = None  # proposer seconds per catch-up token, measured
         self.overhead_seconds = 0.0
 
     def curve(self, num_tokens: int) -> float:
@@ -273,6 +281,15 @@ class StepCostModel:
         if num_requests <= 0 or num_steps <= 0:
             return 0.0
         return num_steps * self.draft_step_seconds(num_requests)
+
+    def setup_seconds(self, num_tokens: int) -> float:
+        """A proposer's catch-up on `num_tokens` tokens before it drafts (Preview.setup_tokens)."""
+        if num_tokens <= 0:
+            return 0.0
+        per_token = self._setup_token
+        if per_token is None:
+            per_token = SETUP_TOKEN_PRIOR * self.draft_step_seconds(1)
+        return num_tokens * per_token
 
     def draft_step_seconds(self, num_requests: int) -> float:
         """One draft step for `num_requests` requests: measured, or from the weight ratio before."""
@@ -309,9 +326,18 @@ class StepCostModel:
         key = _calibration_key(num_sequences, num_tokens)
         self._calibration.setdefault(key, _Calibration()).observe(base, seconds)
 
-    def observe_draft(self, num_requests: int, num_steps: int, seconds: float) -> None:
+    def observe_draft(self, num_requests: int, num_steps: int, seconds: float, setup_tokens: int = 0) -> None:
+        """A drafting step's proposer time: `num_steps` draft steps for `num_requests` requests, after
+        feeding `setup_tokens` catch-up tokens. The per-step price is the median of recent steps (a
+        catch-up does not move it); what a step spends beyond it teaches the per-token catch-up price."""
         if num_requests <= 0 or num_steps <= 0 or seconds < 0:
             return
+        if setup_tokens >= SETUP_MIN_TOKENS * num_requests and self._draft_steps.get(_bucket(num_requests)):
+            residual = max(0.0, seconds - num_steps * self.draft_step_seconds(num_requests))
+            per_token = residual / setup_tokens
+            old = self._setup_token
+            self._setup_token = per_token if old is None else old + SETUP_ALPHA * (per_token - old)
+            return  # mostly catch-up: not a draft step's time
         recent = self._draft_steps.setdefault(_bucket(num_requests), deque(maxlen=DRAFT_WINDOW))
         recent.append(seconds / num_steps)
 
@@ -338,6 +364,8 @@ class Candidate:
     hint: int | None = None  # the proposal's class, from the proposer's free preview (None: no preview)
     drafts: tuple[int, ...] = ()  # the previewed proposal's tokens, when the proposer could tell them
     free: bool = False  # drafting it costs no model work (a lookup): no draft steps priced
+    setup_tokens: int = 0  # tokens the proposer feeds before its first draft (Preview.setup_tokens)
+    tokens_left: int | None = None  # output tokens the request may still emit (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -356,6 +384,12 @@ class Preview:
     # step: priced alike, the lookups' near-zero times pulled the draft model's measured step cost
     # down by a third, and the draft model's price kept cheap matches from being drafted.
     free: bool = False
+    # Tokens the proposer must feed before it can draft for the request: a draft model catching up on
+    # what it has not seen (the prompt, the first time; everything since, after steps without drafts).
+    # Priced once, spread over the drafting steps the request has left: at 8-32 clients the Qwen
+    # pair's requests drafted now and then, and each time their draft caught up on hundreds of tokens
+    # for one or two drafts, in a step that held every other request too (ITL p99 4-11 s vs 0.4-8 s).
+    setup_tokens: int = 0
 
 
 @dataclass
@@ -365,6 +399,7 @@ class Decision:
     predicted_seconds: float  # expected step time
     probed: list[str] = field(default_factory=list)
     free: frozenset[str] = frozenset()  # requests whose drafts cost no draft steps (Preview.free)
+    setup_tokens: int = 0  # catch-up tokens the drafting requests' proposals feed first
 
 
 @dataclass
@@ -375,9 +410,10 @@ class _Drafts:
     gain: float  # expected accepted tokens
     steps: int  # draft steps (the most any costly proposal takes)
     drafting: int  # requests whose proposals cost draft steps
+    setup: float = 0.0  # seconds of catch-up charged to this step (spread over the requests' steps)
 
     def copy(self) -> _Drafts:
-        return _Drafts(self.tokens, self.gain, self.steps, self.drafting)
+        return _Drafts(self.tokens, self.gain, self.steps, self.drafting, self.setup)
 
 
 @dataclass
@@ -460,7 +496,15 @@ class SpeculationController:
 
         def goodput(d: _Drafts) -> float:
             seconds = self.cost.step_seconds(num_sequences, base_tokens + d.tokens, d.drafting, d.steps)
-            return (n_decode + d.gain) / max(seconds, 1e-9)
+            return (n_decode + d.gain) / max(seconds + d.setup, 1e-9)
+
+        # A catch-up of a few tokens is the proposal's own first forward (what the last step
+        # accepted), already in a draft step's price.
+        setup_charge = {
+            c.request_id: self._setup_charge(c, rates[c.request_id])
+            for c in candidates
+            if c.setup_tokens >= SETUP_MIN_TOKENS and not c.static and c.request_id not in free
+        }
 
         def best_prefix(order: list[tuple[float, int, str]]) -> tuple[float, int]:
             """(goodput, length) of the best prefix of `order` within the token budget."""
@@ -474,6 +518,7 @@ class SpeculationController:
                 if rid not in free:  # a free proposal's slot adds its row, no draft step
                     if rid not in drafting_adaptive:  # static requests are never in `slots`
                         d.drafting += 1
+                        d.setup += setup_charge.get(rid, 0.0)
                     drafting_adaptive.add(rid)
                     d.steps = max(d.steps, j + 1)
                 g = goodput(d)
@@ -481,6 +526,15 @@ class SpeculationController:
                     best, best_n = g, n
             return best, best_n
 
+        # A request whose catch-up does not pay even with the best drafts it could get on its own
+        # is left out: in the order of marginal tokens its first slot would come in with the
+        # others' and its charge would sink every prefix after it.
+        if setup_charge:
+            base_goodput = goodput(fixed)
+            for rid in list(setup_charge):
+                own = [sl for sl in slots if sl[2] == rid]
+                if best_prefix(own)[0] < base_goodput * MIN_GAIN:
+                    slots = [sl for sl in slots if sl[2] != rid]
         # By marginal tokens alone a draft model's slot can come before a free one of the same value,
         # and every prefix then pays a draft step; the free slots first is the other candidate order.
         orders = [slots]
@@ -496,9 +550,17 @@ class SpeculationController:
         k.update(chosen)
 
         probed = self._probe(candidates, k, num_sequences, base_tokens, free)
-        seconds = self.step_seconds(num_sequences, base_tokens, k, free)
+        setup = sum(c.setup_tokens for c in candidates if k[c.request_id] > 0 and c.request_id not in free)
+        seconds = self.step_seconds(num_sequences, base_tokens, k, free) + self.cost.setup_seconds(setup)
         predicted = sum(expected_tokens(rates[c.request_id], k[c.request_id]) for c in candidates)
-        return Decision(k, predicted, seconds, probed, free)
+        return Decision(k, predicted, seconds, probed, free, setup)
+
+    def _setup_charge(self, c: Candidate, rates: list[float]) -> float:
+        """The share of a request's catch-up this step bears: all of it spread over the drafting steps
+        the request has left (its tokens left over what a step with its cap drafted emits)."""
+        per_step = expected_tokens(rates, min(c.cap, self.k_max))
+        steps_left = max(1.0, (c.tokens_left if c.tokens_left is not None else 1) / per_step)
+        return self.cost.setup_seconds(c.setup_tokens) / steps_left
 
     def step_seconds(
         self, num_sequences: int, base_tokens: int, k: dict[str, int], free: frozenset[str] = frozenset()

@@ -19,6 +19,7 @@ from specserve.engine.request import Request
 from specserve.engine.row_routed_linear import float_copy_bytes
 from specserve.engine.runner import SequenceInput, forward_sequences
 from specserve.engine.sampler import logits_to_probs
+from specserve.engine.spec_controller import Preview
 from specserve.engine.tokenizer import Tokenizer
 
 
@@ -63,6 +64,12 @@ class DraftModelProposer(Proposer):
 
     def bind_kv_cache(self, num_slots: int) -> None:
         self.kv_cache = self.model.allocate_kv_cache(num_slots, self.dtype, self.device)
+
+    def preview(self, request: Request, max_drafts: int) -> Preview:
+        """A model cannot tell its proposal for free, but it can tell what it must first feed: the
+        tokens of the request its KV does not hold yet (the prompt, the first time)."""
+        missing = request.num_tokens - self._num_cached.get(request.request_id, 0)
+        return Preview(max_drafts, 0, setup_tokens=max(0, missing))
 
     def on_accepted(self, request: Request, num_accepted: int) -> None:
         # Draft KV past the target's verified length holds rejected drafts: mark it stale.

@@ -152,7 +152,9 @@ def sloped_step_cost(slope: float = 0.1):
         def observe_target(self, num_sequences: int, num_tokens: int, seconds: float) -> None:
             pass
 
-        def observe_draft(self, num_requests: int, num_steps: int, seconds: float) -> None:
+        def observe_draft(
+            self, num_requests: int, num_steps: int, seconds: float, setup_tokens: int = 0
+        ) -> None:
             pass
 
         def observe_probe(self, num_probes: int, seconds: float) -> None:

@@ -34,7 +34,7 @@ class FrozenCost(StepCostModel):
     def observe_target(self, num_sequences: int, num_tokens: int, seconds: float) -> None:
         pass
 
-    def observe_draft(self, num_requests: int, num_steps: int, seconds: float) -> None:
+    def observe_draft(self, num_requests: int, num_steps: int, seconds: float, setup_tokens: int = 0) -> None:
         pass
 
 
@@ -398,6 +398,42 @@ def test_free_proposals_are_priced_by_their_rows_alone():
     )
     assert d.k["costly"] == 0 and d.k["free"] == K_MAX and d.free == {"free"}
     assert d.predicted_seconds == pytest.approx(0.010)  # flat rows, no draft step
+
+
+def test_a_catch_up_is_priced_over_the_drafting_steps_a_request_has_left():
+    """A draft model that has not seen a request feeds it first (the prompt, or what it missed while
+    off). Charged in full to one step, no request would ever start drafting; not charged at all, the
+    Qwen pair's requests at 8-32 clients drafted now and then and each time caught up on hundreds of
+    tokens. Spread over the steps the request has left, a long request starts and a short one not."""
+    ctrl = controller(FLAT, draft_ratio=0.1)  # a draft step: 1 ms; a catch-up token: 1/16 ms
+    teach(ctrl, "warm", 0.7)
+    ctrl.forget("warm")
+    catch_up = 400  # 25 ms: 2.5 verifications
+    d = ctrl.choose(
+        [
+            Candidate("in-sync", K_MAX, hint=None, tokens_left=8),
+            Candidate("short", K_MAX, setup_tokens=catch_up, tokens_left=8),
+            Candidate("long", K_MAX + 1, setup_tokens=catch_up, tokens_left=2000),
+        ],
+        num_sequences=3,
+        base_tokens=3,
+        token_budget=64,
+    )
+    assert d.k["in-sync"] > 0 and d.k["long"] > 0
+    assert d.k["short"] == 0
+    assert d.setup_tokens == catch_up  # the long one's, fed this step: predicted in full
+    assert d.predicted_seconds == pytest.approx(
+        0.010 + ctrl.cost.draft_seconds(2, max(d.k.values())) + ctrl.cost.setup_seconds(catch_up)
+    )
+
+
+def test_catch_up_price_is_learned_from_drafting_steps():
+    cost = StepCostModel([(1, 0.2), (64, 0.2)], draft_cost_ratio=0.25)
+    assert cost.setup_seconds(160) == pytest.approx(160 * 0.05 / 16)  # the prior: 1/16 of a draft step
+    cost.observe_draft(1, 2, 0.1)  # two steps of 50 ms, nothing to catch up
+    cost.observe_draft(1, 2, 0.1 + 0.4, setup_tokens=200)  # and a catch-up of 200 tokens: 2 ms each
+    assert cost.setup_seconds(100) == pytest.approx(0.2)
+    assert cost.draft_seconds(1, 1) == pytest.approx(0.05)  # the step price is unmoved by it
 
 
 def test_draft_step_cost_is_the_median_of_recent_steps():

@@ -260,6 +260,12 @@ class EngineCore:
         if decision is None:
             return
         k = decision.k
+        decode_only = all(s.num_new_tokens == 1 and s.request.request_id in k for s in sched.scheduled)
+        probe_only = bool(drafting) and all(s.request.request_id in probed for s in drafting)
+        if decode_only and not probe_only and not decision.static_drafts:
+            drafted = any(s.num_speculative_tokens > 0 for s in sched.scheduled)
+            emitted_tokens = sum(len(e) for e in emitted if e is not None)
+            self.controller.observe_step(num_seqs, drafted, emitted_tokens, step_seconds)
         spec = self.stats.spec
         spec.controller_steps += 1
         spec.predicted_tokens += decision.predicted_tokens

@@ -52,6 +52,17 @@ PROBE_BUDGET = 0.01
 MAX_SAVED_PROBES = 2.0
 # Drafting must beat not drafting by this much: the cost model's error should not turn into a loss.
 MIN_GAIN = 1.02
+# What drafting steps really delivered, per batch bucket: tokens per second of decode-only steps with
+# drafts against those without, each an exponentially weighted mean (memory ~30 steps). Where the
+# drafting steps delivered less, the cost model is wrong there (at 32 SmolLM2 requests drafts of
+# acceptance 0.3 cost more than the calibrated price said), and the gain drafting must promise is
+# raised by that ratio until what it delivers catches up.
+REALIZED_DECAY = 0.97
+REALIZED_MIN_STEPS = 8.0
+# Once the raised bar stops drafting, no drafting step updates the comparison; each plain step ages the
+# drafting record a little, so after ~140 plain steps it is no longer trusted and drafting is tried again
+# (one bad step re-raises the bar) rather than being locked out of that batch size for good.
+REALIZED_AGEING = 0.99
 # Smoothing of the online cost measurements. The target's calibration keeps a longer memory than the
 # draft's: drafting steps are rare when drafting rarely pays, and they alone show what a row adds.
 CALIBRATION_DECAY = 0.98  # per measured forward (memory ~50 forwards): the slope
@@ -236,6 +247,31 @@ class _Calibration:
         return max(0.0, self.slope * profiled + self.offset)
 
 
+@dataclass
+class _Realized:
+    """Tokens per second of one kind of decode-only step (exponentially weighted)."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    steps: float = 0.0
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        self.tokens = REALIZED_DECAY * self.tokens + tokens
+        self.seconds = REALIZED_DECAY * self.seconds + seconds
+        self.steps = REALIZED_DECAY * self.steps + 1.0
+
+    def age(self) -> None:
+        self.tokens *= REALIZED_AGEING
+        self.seconds *= REALIZED_AGEING
+        self.steps *= REALIZED_AGEING
+
+    @property
+    def rate(self) -> float | None:
+        if self.steps < REALIZED_MIN_STEPS or self.seconds <= 0:
+            return None
+        return self.tokens / self.seconds
+
+
 class StepCostModel:
     """Seconds per step = target(num_sequences, num_tokens) + draft(num_requests, num_steps) + overhead."""
 
@@ -254,6 +290,8 @@ class StepCostModel:
         self._probe_draft: float | None = None  # proposer seconds per probe, measured
         self._setup_token: float | None = None  # proposer seconds per catch-up token, measured
         self.overhead_seconds = 0.0
+        # batch bucket -> (decode-only steps without drafts, with drafts): what they delivered
+        self._realized: dict[int, tuple[_Realized, _Realized]] = {}
 
     def curve(self, num_tokens: int) -> float:
         """The profiled forward cost, piecewise linear; flat below the first point, the last
@@ -349,6 +387,23 @@ class StepCostModel:
         old = self._probe_draft
         self._probe_draft = per_probe if old is None else old + DRAFT_ALPHA * (per_probe - old)
 
+    def observe_realized(self, num_sequences: int, drafted: bool, tokens: int, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        plain, drafting = self._realized.setdefault(_bucket(num_sequences), (_Realized(), _Realized()))
+        if drafted:
+            drafting.observe(tokens, seconds)
+        else:
+            plain.observe(tokens, seconds)
+            drafting.age()
+
+    def shortfall(self, num_sequences: int) -> float:
+        """How far (>= 1) the drafting steps at this batch size delivered less than the plain ones."""
+        plain, drafted = self._realized.get(_bucket(num_sequences), (_Realized(), _Realized()))
+        if plain.rate is None or drafted.rate is None:
+            return 1.0
+        return max(1.0, plain.rate / drafted.rate)
+
     def observe_overhead(self, seconds: float) -> None:
         self.overhead_seconds += OVERHEAD_ALPHA * (max(0.0, seconds) - self.overhead_seconds)
 
@@ -400,6 +455,7 @@ class Decision:
     probed: list[str] = field(default_factory=list)
     free: frozenset[str] = frozenset()  # requests whose drafts cost no draft steps (Preview.free)
     setup_tokens: int = 0  # catch-up tokens the drafting requests' proposals feed first
+    static_drafts: bool = False  # some drafts were a static request's cap, not the controller's choice
 
 
 @dataclass
@@ -533,7 +589,7 @@ class SpeculationController:
             base_goodput = goodput(fixed)
             for rid in list(setup_charge):
                 own = [sl for sl in slots if sl[2] == rid]
-                if best_prefix(own)[0] < base_goodput * MIN_GAIN:
+                if best_prefix(own)[0] < base_goodput * self.required_gain(num_sequences):
                     slots = [sl for sl in slots if sl[2] != rid]
         # By marginal tokens alone a draft model's slot can come before a free one of the same value,
         # and every prefix then pays a draft step; the free slots first is the other candidate order.
@@ -542,7 +598,7 @@ class SpeculationController:
             orders.append([s for s in slots if s[2] in free] + [s for s in slots if s[2] not in free])
         no_adaptive_drafts = goodput(fixed)
         best, best_n, order = max(((*best_prefix(o), o) for o in orders), key=lambda b: b[0])
-        if best < no_adaptive_drafts * MIN_GAIN:
+        if best < no_adaptive_drafts * self.required_gain(num_sequences):
             best_n = 0
         chosen: dict[str, int] = {}
         for _, j, rid in order[:best_n]:
@@ -553,7 +609,8 @@ class SpeculationController:
         setup = sum(c.setup_tokens for c in candidates if k[c.request_id] > 0 and c.request_id not in free)
         seconds = self.step_seconds(num_sequences, base_tokens, k, free) + self.cost.setup_seconds(setup)
         predicted = sum(expected_tokens(rates[c.request_id], k[c.request_id]) for c in candidates)
-        return Decision(k, predicted, seconds, probed, free, setup)
+        static = any(c.static and k[c.request_id] > 0 for c in candidates)
+        return Decision(k, predicted, seconds, probed, free, setup, static)
 
     def _setup_charge(self, c: Candidate, rates: list[float]) -> float:
         """The share of a request's catch-up this step bears: all of it spread over the drafting steps
@@ -630,7 +687,16 @@ class SpeculationController:
             price = self.cost.probe_seconds(num_sequences, num_tokens)  # the next probe's row comes later
         return probed
 
+    def required_gain(self, num_sequences: int) -> float:
+        """How much more goodput drafting must promise than not drafting, at this batch size."""
+        return MIN_GAIN * self.cost.shortfall(num_sequences)
+
     # --- feedback ---------------------------------------------------------------------------------
+    def observe_step(self, num_sequences: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """A decode-only step the controller decided (prefill chunks would blur the comparison; probe
+        steps are neither kind): the tokens its requests emitted in `seconds`, with drafts or without."""
+        self.cost.observe_realized(num_sequences, drafted, tokens, seconds)
+
     def observe_verification(
         self, request_id: str, num_drafts: int, num_accepted: int, emitted: Sequence[int] = ()
     ) -> None:

@@ -160,6 +160,9 @@ def sloped_step_cost(slope: float = 0.1):
         def observe_probe(self, num_probes: int, seconds: float) -> None:
             pass
 
+        def observe_realized(self, num_sequences: int, drafted: bool, tokens: int, seconds: float) -> None:
+            pass
+
         def observe_overhead(self, seconds: float) -> None:
             pass
 

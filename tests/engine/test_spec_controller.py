@@ -12,6 +12,7 @@ from specserve.engine.spec_controller import (
     FIRST_PROBE_INTERVAL,
     MAX_PROBE_INTERVAL,
     MAX_SAVED_PROBES,
+    MIN_GAIN,
     PROBE_BUDGET,
     AcceptanceModel,
     Candidate,
@@ -434,6 +435,46 @@ def test_catch_up_price_is_learned_from_drafting_steps():
     cost.observe_draft(1, 2, 0.1 + 0.4, setup_tokens=200)  # and a catch-up of 200 tokens: 2 ms each
     assert cost.setup_seconds(100) == pytest.approx(0.2)
     assert cost.draft_seconds(1, 1) == pytest.approx(0.05)  # the step price is unmoved by it
+
+
+def test_drafting_that_delivers_less_than_plain_steps_must_promise_more():
+    """The cost model can be wrong where the profile says nothing (32 SmolLM2 requests: drafts the
+    calibrated price said were worth it made steps slower than they gained). What decode-only steps
+    with drafts delivered, against those without, raises the gain drafting must promise there; a
+    much better proposal still drafts, and other batch sizes are not affected."""
+    ctrl = controller(FLAT, draft_ratio=0.05)
+    for rid in ("a", "copy"):
+        teach(ctrl, rid, 0.6)
+    teach(ctrl, "copy", 1.0, rounds=40)
+    assert choose_one(ctrl, rid="a") > 0
+    assert ctrl.required_gain(1) == pytest.approx(MIN_GAIN)
+    for _ in range(12):
+        ctrl.observe_step(1, drafted=False, tokens=1, seconds=0.010)  # 100 tok/s
+        ctrl.observe_step(1, drafted=True, tokens=2, seconds=0.040)  # 50 tok/s
+    assert ctrl.required_gain(1) == pytest.approx(MIN_GAIN * 2.0)
+    assert ctrl.required_gain(2) == pytest.approx(MIN_GAIN)  # another bucket
+    assert choose_one(ctrl, rid="a") == 0
+    assert choose_one(ctrl, rid="copy") == K_MAX  # nine tokens for the price of ~1.4 steps
+    for _ in range(60):  # drafting delivers again
+        ctrl.observe_step(1, drafted=True, tokens=6, seconds=0.020)
+    assert ctrl.required_gain(1) == pytest.approx(MIN_GAIN)
+
+
+def test_a_raised_bar_is_retried_after_many_plain_steps():
+    """When the raised bar stops drafting, no drafting step can lower it again: plain steps age the
+    drafting record until it is no longer trusted, and one more bad drafting step raises the bar again."""
+    ctrl = controller(FLAT, draft_ratio=0.05)
+    for _ in range(40):
+        ctrl.observe_step(1, drafted=False, tokens=1, seconds=0.010)
+        ctrl.observe_step(1, drafted=True, tokens=2, seconds=0.040)
+    assert ctrl.required_gain(1) > MIN_GAIN * 1.5
+    plain_steps = 0
+    while ctrl.required_gain(1) > MIN_GAIN and plain_steps < 1000:
+        ctrl.observe_step(1, drafted=False, tokens=1, seconds=0.010)
+        plain_steps += 1
+    assert 50 <= plain_steps <= 300  # retried, neither at once nor never
+    ctrl.observe_step(1, drafted=True, tokens=2, seconds=0.040)
+    assert ctrl.required_gain(1) > MIN_GAIN * 1.5
 
 
 def test_draft_step_cost_is_the_median_of_recent_steps():

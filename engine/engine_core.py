@@ -250,7 +250,8 @@ class EngineCore:
         self.stats.events.forward_costs.append((num_seqs, num_tokens, predicted, forward_seconds))
         cost.observe_target(num_seqs, num_tokens, forward_seconds)
         probed = set(decision.probed) if decision is not None else set()
-        if drafting and all(s.request.request_id in probed for s in drafting):
+        probe_only = bool(drafting) and all(s.request.request_id in probed for s in drafting)
+        if probe_only:
             # Only probes drafted: priced on their own (a probe may first catch up on missed tokens).
             cost.observe_probe(len(drafting), draft_seconds)
         elif drafting:
@@ -260,22 +261,22 @@ class EngineCore:
         if decision is None:
             return
         k = decision.k
+        controlled_tokens = sum(
+            len(e)
+            for w, e in zip(batch.windows, emitted, strict=True)
+            if e is not None and w.state.request.request_id in k
+        )
         decode_only = all(s.num_new_tokens == 1 and s.request.request_id in k for s in sched.scheduled)
-        probe_only = bool(drafting) and all(s.request.request_id in probed for s in drafting)
         if decode_only and not probe_only and not decision.static_drafts:
+            # Every scheduled request is in k here, so its tokens are all the step emitted.
             drafted = any(s.num_speculative_tokens > 0 for s in sched.scheduled)
-            emitted_tokens = sum(len(e) for e in emitted if e is not None)
-            self.controller.observe_step(num_seqs, drafted, emitted_tokens, step_seconds)
+            self.controller.observe_step(num_seqs, drafted, controlled_tokens, step_seconds)
         spec = self.stats.spec
         spec.controller_steps += 1
         spec.predicted_tokens += decision.predicted_tokens
         spec.predicted_step_seconds += predicted_step
         spec.measured_step_seconds += step_seconds
-        spec.measured_tokens += sum(
-            len(e)
-            for w, e in zip(batch.windows, emitted, strict=True)
-            if e is not None and w.state.request.request_id in k
-        )
+        spec.measured_tokens += controlled_tokens
 
     def _record_k(self, scheduled: list[ScheduledRequest]) -> None:
         """The k each decoding request got this step (per request for usage, per step for the histogram)."""

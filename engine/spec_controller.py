@@ -256,14 +256,15 @@ class _Realized:
     steps: float = 0.0
 
     def observe(self, tokens: int, seconds: float) -> None:
-        self.tokens = REALIZED_DECAY * self.tokens + tokens
-        self.seconds = REALIZED_DECAY * self.seconds + seconds
-        self.steps = REALIZED_DECAY * self.steps + 1.0
+        self.age(REALIZED_DECAY)
+        self.tokens += tokens
+        self.seconds += seconds
+        self.steps += 1.0
 
-    def age(self) -> None:
-        self.tokens *= REALIZED_AGEING
-        self.seconds *= REALIZED_AGEING
-        self.steps *= REALIZED_AGEING
+    def age(self, factor: float = REALIZED_AGEING) -> None:
+        self.tokens *= factor
+        self.seconds *= factor
+        self.steps *= factor
 
     @property
     def rate(self) -> float | None:
@@ -399,10 +400,11 @@ class StepCostModel:
 
     def shortfall(self, num_sequences: int) -> float:
         """How far (>= 1) the drafting steps at this batch size delivered less than the plain ones."""
-        plain, drafted = self._realized.get(_bucket(num_sequences), (_Realized(), _Realized()))
-        if plain.rate is None or drafted.rate is None:
+        kinds = self._realized.get(_bucket(num_sequences))
+        plain_rate, drafted_rate = (kinds[0].rate, kinds[1].rate) if kinds else (None, None)
+        if plain_rate is None or drafted_rate is None:
             return 1.0
-        return max(1.0, plain.rate / drafted.rate)
+        return max(1.0, plain_rate / drafted_rate)
 
     def observe_overhead(self, seconds: float) -> None:
         self.overhead_seconds += OVERHEAD_ALPHA * (max(0.0, seconds) - self.overhead_seconds)
@@ -585,20 +587,19 @@ class SpeculationController:
         # A request whose catch-up does not pay even with the best drafts it could get on its own
         # is left out: in the order of marginal tokens its first slot would come in with the
         # others' and its charge would sink every prefix after it.
-        if setup_charge:
-            base_goodput = goodput(fixed)
-            for rid in list(setup_charge):
-                own = [sl for sl in slots if sl[2] == rid]
-                if best_prefix(own)[0] < base_goodput * self.required_gain(num_sequences):
-                    slots = [sl for sl in slots if sl[2] != rid]
+        no_adaptive_drafts = goodput(fixed)
+        bar = no_adaptive_drafts * self.required_gain(num_sequences)
+        for rid in list(setup_charge):
+            own = [sl for sl in slots if sl[2] == rid]
+            if best_prefix(own)[0] < bar:
+                slots = [sl for sl in slots if sl[2] != rid]
         # By marginal tokens alone a draft model's slot can come before a free one of the same value,
         # and every prefix then pays a draft step; the free slots first is the other candidate order.
         orders = [slots]
         if free and len(free) < len({rid for _, _, rid in slots}):
             orders.append([s for s in slots if s[2] in free] + [s for s in slots if s[2] not in free])
-        no_adaptive_drafts = goodput(fixed)
         best, best_n, order = max(((*best_prefix(o), o) for o in orders), key=lambda b: b[0])
-        if best < no_adaptive_drafts * self.required_gain(num_sequences):
+        if best < bar:
             best_n = 0
         chosen: dict[str, int] = {}
         for _, j, rid in order[:best_n]:

@@ -451,13 +451,54 @@ def test_drafting_that_delivers_less_than_plain_steps_must_promise_more():
     for _ in range(12):
         ctrl.observe_step(1, drafted=False, tokens=1, seconds=0.010)  # 100 tok/s
         ctrl.observe_step(1, drafted=True, tokens=2, seconds=0.040)  # 50 tok/s
+        ctrl.observe_step(4, drafted=False, tokens=4, seconds=0.020)  # 200 tok/s
+        ctrl.observe_step(4, drafted=True, tokens=8, seconds=0.030)  # 267 tok/s
     assert ctrl.required_gain(1) == pytest.approx(MIN_GAIN * 2.0)
-    assert ctrl.required_gain(2) == pytest.approx(MIN_GAIN)  # another bucket
+    assert ctrl.required_gain(4) == pytest.approx(MIN_GAIN)  # another bucket, with its own record
     assert choose_one(ctrl, rid="a") == 0
     assert choose_one(ctrl, rid="copy") == K_MAX  # nine tokens for the price of ~1.4 steps
     for _ in range(60):  # drafting delivers again
         ctrl.observe_step(1, drafted=True, tokens=6, seconds=0.020)
     assert ctrl.required_gain(1) == pytest.approx(MIN_GAIN)
+
+
+def test_a_batch_size_without_its_own_record_borrows_the_nearest_one():
+    """The first drafting steps at a batch size never seen before are priced with the shortfall the
+    nearest batch size showed (the smaller one on a tie), until eight of its own drafting steps and
+    eight plain ones give it a record; then its own record decides."""
+    ctrl = controller(FLAT, draft_ratio=0.05)
+    assert ctrl.required_gain(16) == pytest.approx(MIN_GAIN)  # nothing seen anywhere
+    for _ in range(12):
+        ctrl.observe_step(8, drafted=False, tokens=8, seconds=0.040)  # 200 tok/s
+        ctrl.observe_step(8, drafted=True, tokens=12, seconds=0.080)  # 150 tok/s
+        ctrl.observe_step(2, drafted=False, tokens=2, seconds=0.020)  # 100 tok/s
+        ctrl.observe_step(2, drafted=True, tokens=6, seconds=0.030)  # 200 tok/s
+    assert ctrl.required_gain(8) == pytest.approx(MIN_GAIN * 4 / 3)
+    assert ctrl.required_gain(16) == pytest.approx(MIN_GAIN * 4 / 3)  # 8-15 is nearest
+    assert ctrl.required_gain(32) == pytest.approx(MIN_GAIN * 4 / 3)
+    assert ctrl.required_gain(4) == pytest.approx(MIN_GAIN)  # tie between 2-3 and 8-15: the smaller
+    for _ in range(12):  # plain steps alone are not a record yet
+        ctrl.observe_step(16, drafted=False, tokens=16, seconds=0.080)  # 200 tok/s
+    assert ctrl.required_gain(16) == pytest.approx(MIN_GAIN * 4 / 3)
+    for _ in range(12):
+        ctrl.observe_step(16, drafted=True, tokens=40, seconds=0.100)  # 400 tok/s
+    assert ctrl.required_gain(16) == pytest.approx(MIN_GAIN)
+    assert ctrl.required_gain(32) == pytest.approx(MIN_GAIN)  # 16-31 is nearer than 8-15 now
+
+
+def test_a_batch_size_whose_own_record_aged_out_does_not_borrow():
+    """The retry after a raised bar (plain steps age the drafting record) must not be undone by a
+    neighbour's record, which nothing may ever age while the server runs at this batch size."""
+    ctrl = controller(FLAT, draft_ratio=0.05)
+    for n in (8, 16):
+        for _ in range(40):
+            ctrl.observe_step(n, drafted=False, tokens=n, seconds=0.010 * n)
+            ctrl.observe_step(n, drafted=True, tokens=n, seconds=0.020 * n)
+    assert ctrl.required_gain(16) == pytest.approx(MIN_GAIN * 2.0)
+    for _ in range(300):
+        ctrl.observe_step(16, drafted=False, tokens=16, seconds=0.160)
+    assert ctrl.required_gain(16) == pytest.approx(MIN_GAIN)  # retried
+    assert ctrl.required_gain(8) == pytest.approx(MIN_GAIN * 2.0)  # its neighbour's record stands
 
 
 def test_a_raised_bar_is_retried_after_many_plain_steps():

@@ -74,6 +74,12 @@ PREFILL_TOKENS_PER_SEQUENCE = 32
 # ratio, and one odd forward does not set the slope on its own.
 SLOPE_PRIOR_WEIGHT = 2.0
 DRAFT_ALPHA = 0.2
+# A plain decode step's price not measured for this many decode forwards of its batch size (all had
+# draft rows) is refreshed: the controller runs one step without drafts when drafting's margin over
+# it is thin enough for a stale price to have decided it (REFRESH_MARGIN), and that step's residual
+# restarts the calibration's offset. A step without drafts in 40 at such a thin margin costs < 0.5%.
+STALE_FORWARDS = 40
+REFRESH_MARGIN = 1.25
 # The draft's cost per step is the median of this many recent drafting steps per batch bucket. A
 # draft model's first proposal for a request also feeds it the whole prompt (0.6 s against 0.23 s
 # for five steps of the Qwen pair's int4 0.5B draft); averaged in, every new request raised the
@@ -224,6 +230,7 @@ class _Calibration:
     sum_xy: float = 0.0
     slope: float = 1.0  # fitted once per observation: predict runs for every draft slot of every step
     offset: float = 0.0
+    last_forward: int = 0  # the batch bucket's decode forward count when this kind was last measured
 
     def _fit_slope(self) -> float:
         mean_x, mean_y = self.sum_x / self.weight, self.sum_y / self.weight
@@ -232,8 +239,10 @@ class _Calibration:
         prior = SLOPE_PRIOR_WEIGHT * (0.25 * mean_x) ** 2
         return max(0.0, (covariance + prior * mean_y / mean_x) / (spread + prior))
 
-    def observe(self, profiled: float, measured: float) -> None:
-        d, first = CALIBRATION_DECAY, self.weight == 0
+    def observe(self, profiled: float, measured: float, stale: bool = False) -> None:
+        """`stale`: this kind of step was not measured for a while, so the offset restarts from this
+        measurement (the machine's speed may have moved since), as on the first one."""
+        d, first = CALIBRATION_DECAY, self.weight == 0 or stale
         self.weight = d * self.weight + 1.0
         self.sum_x = d * self.sum_x + profiled
         self.sum_y = d * self.sum_y + measured
@@ -289,6 +298,7 @@ class StepCostModel:
         self._ys = [s for _, s in points]
         self.draft_cost_ratio = draft_cost_ratio
         self._calibration: dict[tuple[int, bool, bool], _Calibration] = {}  # see _calibration_key
+        self._forwards: dict[int, int] = {}  # batch bucket -> decode forwards measured (plain_is_stale)
         self._draft_steps: dict[int, deque[float]] = {}  # batch bucket -> recent seconds per draft step
         self._probe_draft: float | None = None  # proposer seconds per probe, measured
         self._setup_token: float | None = None  # proposer seconds per catch-up token, measured
@@ -316,7 +326,26 @@ class StepCostModel:
         calibration = self._calibration.get((bucket, prefill, multi_row)) or self._calibration.get(
             (bucket, prefill, not multi_row)
         )
-        return profiled if calibration is None else calibration.predict(profiled)
+        if calibration is None:
+            return profiled
+        price = calibration.predict(profiled)
+        plain = self._calibration.get((bucket, prefill, False))
+        if multi_row and plain is not None and plain is not calibration:
+            # A step with draft rows is never priced below the same step without them. The two kinds
+            # are calibrated from different steps, and each goes stale while the other runs: on an
+            # AVX-512 Xeon at 4 Qwen clients, steps with one draft row were priced 0.37 s while plain
+            # steps were still priced 0.40 s from a slow spell before drafting began, so a draft row
+            # looked cheaper than none and the controller drafted on at 0.87x of the plain speed.
+            price = max(price, plain.predict(self.curve(num_sequences)))
+        return price
+
+    def plain_is_stale(self, num_sequences: int) -> bool:
+        """Whether the plain decode steps of this batch size were last measured STALE_FORWARDS or more
+        decode forwards of it ago (the steps since all had draft rows), so their price may be the
+        machine's speed of another time."""
+        bucket = _bucket(num_sequences)
+        plain = self._calibration.get((bucket, False, False))
+        return plain is not None and self._forwards.get(bucket, 0) - plain.last_forward >= STALE_FORWARDS
 
     def draft_seconds(self, num_requests: int, num_steps: int) -> float:
         if num_requests <= 0 or num_steps <= 0:
@@ -365,7 +394,16 @@ class StepCostModel:
         if base <= 0 or seconds <= 0:
             return
         key = _calibration_key(num_sequences, num_tokens)
-        self._calibration.setdefault(key, _Calibration()).observe(base, seconds)
+        calibration = self._calibration.setdefault(key, _Calibration())
+        bucket, prefill, _ = key
+        if prefill:
+            calibration.observe(base, seconds)
+            return
+        forwards = self._forwards.get(bucket, 0) + 1
+        self._forwards[bucket] = forwards
+        stale = calibration.weight > 0 and forwards - calibration.last_forward > STALE_FORWARDS
+        calibration.observe(base, seconds, stale)
+        calibration.last_forward = forwards
 
     def observe_draft(self, num_requests: int, num_steps: int, seconds: float, setup_tokens: int = 0) -> None:
         """A drafting step's proposer time: `num_steps` draft steps for `num_requests` requests, after
@@ -622,14 +660,23 @@ class SpeculationController:
         if free and len(free) < len({rid for _, _, rid in slots}):
             orders.append([s for s in slots if s[2] in free] + [s for s in slots if s[2] not in free])
         best, best_n, order = max(((*best_prefix(o), o) for o in orders), key=lambda b: b[0])
-        if best < bar:
+        # A thin margin may rest on a stale plain price (StepCostModel.plain_is_stale): one step
+        # without drafts measures it again. Only a step that is plain without them refreshes it.
+        refresh = (
+            best_n > 0
+            and best < bar * REFRESH_MARGIN
+            and fixed.tokens == 0
+            and base_tokens == num_sequences
+            and self.cost.plain_is_stale(num_sequences)
+        )
+        if best < bar or refresh:
             best_n = 0
         chosen: dict[str, int] = {}
         for _, j, rid in order[:best_n]:
             chosen[rid] = max(chosen.get(rid, 0), j + 1)
         k.update(chosen)
 
-        probed = self._probe(candidates, k, num_sequences, base_tokens, free)
+        probed = [] if refresh else self._probe(candidates, k, num_sequences, base_tokens, free)
         setup = sum(c.setup_tokens for c in candidates if k[c.request_id] > 0 and c.request_id not in free)
         seconds = self.step_seconds(num_sequences, base_tokens, k, free) + self.cost.setup_seconds(setup)
         predicted = sum(expected_tokens(rates[c.request_id], k[c.request_id]) for c in candidates)

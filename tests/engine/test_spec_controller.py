@@ -9,11 +9,13 @@ from specserve.engine.request import Request
 from specserve.engine.sampling_params import SamplingParams
 from specserve.engine.scheduler import Scheduler, SchedulerConfig
 from specserve.engine.spec_controller import (
+    DRAFT_WINDOW,
     FIRST_PROBE_INTERVAL,
     MAX_PROBE_INTERVAL,
     MAX_SAVED_PROBES,
     MIN_GAIN,
     PROBE_BUDGET,
+    STALE_FORWARDS,
     AcceptanceModel,
     Candidate,
     Preview,
@@ -346,6 +348,93 @@ def test_steps_with_draft_rows_are_calibrated_apart_from_plain_decode():
             cost.observe_target(16, 16, 0.100)
     assert cost.target_seconds(16, 16) == pytest.approx(0.100, rel=0.02)
     assert cost.target_seconds(16, 24) - cost.target_seconds(16, 16) == pytest.approx(0.05, rel=0.2)
+
+
+# Qwen 1.5B bf16 at 4 clients on an AVX-512 Xeon (no AMX): forwards of 4 / 5 / 8 / 24 tokens.
+QWEN_4_CLIENTS = [(1, 0.25), (4, 0.27), (5, 0.29), (8, 0.35), (24, 0.60)]
+
+
+def _stale_plain_price() -> StepCostModel:
+    """Plain steps measured in a slow spell (0.40 s), then only steps with one draft row, at a faster
+    time (0.36 s): the plain steps' calibration is never refreshed while drafting goes on."""
+    cost = StepCostModel(QWEN_4_CLIENTS)
+    for _ in range(5):
+        cost.observe_target(4, 4, 0.40)
+    for _ in range(20):
+        cost.observe_target(4, 5, 0.36)
+    return cost
+
+
+def test_a_step_with_draft_rows_is_never_priced_below_the_same_step_without_them():
+    cost = _stale_plain_price()
+    plain = cost.target_seconds(4, 4)
+    assert plain == pytest.approx(0.40, rel=0.01)
+    for tokens in (5, 6, 8, 24):
+        assert cost.target_seconds(4, tokens) >= plain
+    assert cost.target_seconds(4, 24) > plain + 0.2  # what many rows add still shows
+
+
+def _teach_stale(cost: StepCostModel, draft_seconds: float) -> SpeculationController:
+    for _ in range(DRAFT_WINDOW):
+        cost.observe_draft(num_requests=1, num_steps=1, seconds=draft_seconds)
+    ctrl = SpeculationController(K_MAX, cost)
+    teach(ctrl, "d", 0.77)
+    return ctrl
+
+
+FOUR_CLIENTS = [Candidate("d", K_MAX)] + [Candidate(f"o{i}", 0) for i in range(3)]
+
+
+def test_a_stale_plain_price_does_not_keep_drafting_on():
+    """The controller compared drafting priced by fresh measurements with not drafting priced by
+    stale ones, so one draft row looked cheaper than none: it drafted on at 0.87x of the plain speed."""
+    ctrl = _teach_stale(_stale_plain_price(), draft_seconds=0.1)
+    assert ctrl.choose(FOUR_CLIENTS, num_sequences=4, base_tokens=4, token_budget=64).k["d"] == 0
+    # With a cheap draft step the same acceptance pays, and is drafted.
+    ctrl = _teach_stale(_stale_plain_price(), draft_seconds=0.005)
+    assert ctrl.choose(FOUR_CLIENTS, num_sequences=4, base_tokens=4, token_budget=64).k["d"] > 0
+
+
+def _drafting_run(
+    cost: StepCostModel, ctrl: SpeculationController, plain_seconds: float, row_seconds: float, steps: int
+) -> list[int]:
+    """Steps at 4 clients, measured as the machine runs them now: a plain step `plain_seconds`, each
+    draft row `row_seconds` more. Returns the k chosen per step."""
+    ks = []
+    for _ in range(steps):
+        k = ctrl.choose(FOUR_CLIENTS, num_sequences=4, base_tokens=4, token_budget=64).k["d"]
+        cost.observe_target(4, 4 + k, plain_seconds + row_seconds * k)
+        ks.append(k)
+    return ks
+
+
+def test_a_plain_price_not_measured_for_long_is_measured_again():
+    """Drafting at a thin margin keeps the plain steps from being measured: every STALE_FORWARDS
+    forwards one step goes without drafts, and its time replaces the stale price."""
+    cost = StepCostModel(QWEN_4_CLIENTS)
+    for _ in range(5):
+        cost.observe_target(4, 4, 0.40)  # a slow spell
+    ctrl = _teach_stale(cost, draft_seconds=0.03)
+    ks = _drafting_run(cost, ctrl, plain_seconds=0.40, row_seconds=0.015, steps=2 * STALE_FORWARDS + 10)
+    # Drafting pays at this speed, by a thin margin: it goes on, with one refreshing plain step after
+    # every STALE_FORWARDS drafting steps.
+    assert ks.count(0) == 2 and min(ks[:STALE_FORWARDS]) > 0
+    # Now plain steps take 0.30 s and a draft row 0.06 s: drafting no longer pays, but against the
+    # stale 0.40 s plain price it looked as if it did until a plain step was measured again (at most
+    # STALE_FORWARDS steps later). Then only probes draft (one token, now and then).
+    ks = _drafting_run(cost, ctrl, plain_seconds=0.30, row_seconds=0.06, steps=2 * STALE_FORWARDS)
+    assert max(ks[:10]) == 2 and max(ks[-STALE_FORWARDS:]) <= 1
+    assert cost.target_seconds(4, 4) == pytest.approx(0.30, rel=0.02)
+
+
+def test_a_wide_margin_is_not_interrupted_to_refresh_the_plain_price():
+    cost = StepCostModel(QWEN_4_CLIENTS)
+    for _ in range(5):
+        cost.observe_target(4, 4, 0.40)
+    ctrl = _teach_stale(cost, draft_seconds=0.001)  # drafting pays far beyond REFRESH_MARGIN
+    for _ in range(3):
+        ctrl.observe_verification("d", K_MAX, K_MAX)
+    assert 0 not in _drafting_run(cost, ctrl, plain_seconds=0.40, row_seconds=0.001, steps=3 * STALE_FORWARDS)
 
 
 def test_draft_cost_starts_from_the_weight_ratio_then_learns():

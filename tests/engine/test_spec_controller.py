@@ -526,6 +526,17 @@ def test_catch_up_price_is_learned_from_drafting_steps():
     assert cost.draft_seconds(1, 1) == pytest.approx(0.05)  # the step price is unmoved by it
 
 
+def test_a_first_drafting_step_that_catches_up_is_not_taken_for_a_draft_step():
+    """A bucket's first drafting step is usually a catch-up on the whole prompt: split by the
+    weight-ratio prior, it teaches the catch-up price and leaves the draft-step price to real steps."""
+    cost = StepCostModel([(1, 0.2), (64, 0.2)], draft_cost_ratio=0.25)  # prior step: 0.05 s
+    cost.observe_draft(1, 1, 0.05 + 0.5, setup_tokens=250)  # one step and 250 catch-up tokens
+    assert cost.setup_seconds(100) == pytest.approx(0.2)
+    assert cost.draft_seconds(1, 1) == pytest.approx(0.05)  # still the prior, not 0.55
+    cost.observe_draft(1, 1, 0.04)
+    assert cost.draft_seconds(1, 1) == pytest.approx(0.04)
+
+
 def test_drafting_that_delivers_less_than_plain_steps_must_promise_more():
     """The cost model can be wrong where the profile says nothing (32 SmolLM2 requests: drafts the
     calibrated price said were worth it made steps slower than they gained). What decode-only steps

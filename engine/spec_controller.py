@@ -80,6 +80,11 @@ DRAFT_ALPHA = 0.2
 # restarts the calibration's offset. A step without drafts in 40 at such a thin margin costs < 0.5%.
 STALE_FORWARDS = 40
 REFRESH_MARGIN = 1.25
+# The forwards a calibration's offset starts from (their median residual), and the plain decode steps a
+# batch size must have measured before drafting is weighed against their price: the first decode step
+# after a prefill can take twice a plain step's time (Qwen pair, 2 clients, AVX-512 Xeon: 0.69 s, then
+# 0.28-0.30 s), and as the plain price it made 45 drafting steps look 2.4x cheaper than they were.
+RESTART_FORWARDS = 3
 # The draft's cost per step is the median of this many recent drafting steps per batch bucket. A
 # draft model's first proposal for a request also feeds it the whole prompt (0.6 s against 0.23 s
 # for five steps of the Qwen pair's int4 0.5B draft); averaged in, every new request raised the
@@ -260,6 +265,10 @@ class _Calibration:
     slope: float = 1.0  # fitted once per observation: predict runs for every draft slot of every step
     offset: float = 0.0
     last_forward: int = 0  # the batch bucket's decode forward count when this kind was last measured
+    # (profiled, measured) of the first RESTART_FORWARDS forwards since the offset (re)started: the
+    # offset is their median residual until then, so one odd forward does not set it.
+    restart: list[tuple[float, float]] = field(default_factory=list)
+    count: int = 0  # forwards observed, ever
 
     def _fit_slope(self) -> float:
         mean_x, mean_y = self.sum_x / self.weight, self.sum_y / self.weight
@@ -278,8 +287,21 @@ class _Calibration:
         self.sum_xx = d * self.sum_xx + profiled * profiled
         self.sum_xy = d * self.sum_xy + profiled * measured
         self.slope = self._fit_slope()
+        self.count += 1
+        if first:
+            self.restart = []
+        if len(self.restart) < RESTART_FORWARDS:
+            self.restart.append((profiled, measured))
+            self.offset = statistics.median(m - self.slope * x for x, m in self.restart)
+            return
         residual = measured - self.slope * profiled
-        self.offset = residual if first else self.offset + OFFSET_ALPHA * (residual - self.offset)
+        self.offset += OFFSET_ALPHA * (residual - self.offset)
+
+    @property
+    def settled(self) -> bool:
+        """Whether RESTART_FORWARDS forwards were observed (a restart after a gap needs one to price:
+        the price it replaces was a settled one)."""
+        return self.count >= RESTART_FORWARDS
 
     def predict(self, profiled: float) -> float:
         return max(0.0, self.slope * profiled + self.offset)
@@ -375,17 +397,19 @@ class StepCostModel:
         `plain_is_measured`)."""
         bucket = _bucket(num_sequences)
         plain = self._calibration.get((bucket, False, False))
-        if plain is None:
+        if plain is None or not plain.settled:
             return self._forwards.get(bucket, 0) > 0
         return self._forwards.get(bucket, 0) - plain.last_forward >= STALE_FORWARDS
 
     def plain_is_measured(self, num_sequences: int) -> bool:
-        """Whether a plain decode step of this batch size was ever measured. Until one is, its price
-        is the steps with draft rows' calibration standing in, and that is no price for it: on the
-        AVX-512 Xeon the first drafting steps at 2 Qwen clients (0.77 s for 4 rows, with catch-ups)
-        priced a plain step at 0.59 s where it took 0.30 s, so drafting looked 1.6x better than it
-        was and went on at 0.8x of the plain speed with nothing to correct it."""
-        return (_bucket(num_sequences), False, False) in self._calibration
+        """Whether the plain decode steps of this batch size were measured RESTART_FORWARDS times. Until
+        then their price is the steps with draft rows' calibration standing in, or one or two
+        forwards, and that is no price: on the AVX-512 Xeon the first drafting steps
+        at 2 Qwen clients (0.77 s for 4 rows, with catch-ups) priced a plain step at 0.59 s where it
+        took 0.30 s, so drafting looked 1.6x better than it was and went on at 0.8x of the plain speed
+        with nothing to correct it."""
+        plain = self._calibration.get((_bucket(num_sequences), False, False))
+        return plain is not None and plain.settled
 
     def draft_seconds(self, num_requests: int, num_steps: int) -> float:
         if num_requests <= 0 or num_steps <= 0:

@@ -18,6 +18,7 @@ from specserve.engine.spec_controller import (
     MIN_GAIN,
     MIN_GAIN_CALIBRATION,
     PROBE_BUDGET,
+    RESTART_FORWARDS,
     STALE_FORWARDS,
     AcceptanceModel,
     Candidate,
@@ -440,11 +441,14 @@ def test_a_plain_price_never_measured_is_measured_before_drafting_goes_on():
         cost.observe_target(4, 12, 0.75)  # windows with catch-ups, no plain step yet
     ctrl = _teach_stale(cost, draft_seconds=0.03)
     assert not cost.plain_is_measured(4) and cost.plain_is_stale(4)
-    first = ctrl.choose(FOUR_CLIENTS, num_sequences=4, base_tokens=4, token_budget=64)
-    assert first.k["d"] == 0 and first.probed == []
-    cost.observe_target(4, 4, 0.30)
+    # The first plain step after a prefill may take twice the next ones: the price is the median of
+    # the first RESTART_FORWARDS, and drafting waits for them.
+    for seconds in (0.69, 0.30, 0.31)[:RESTART_FORWARDS]:
+        step = ctrl.choose(FOUR_CLIENTS, num_sequences=4, base_tokens=4, token_budget=64)
+        assert step.k["d"] == 0 and step.probed == []
+        cost.observe_target(4, 4, seconds)
     assert cost.plain_is_measured(4) and not cost.plain_is_stale(4)
-    assert cost.target_seconds(4, 4) == pytest.approx(0.30, rel=0.02)
+    assert cost.target_seconds(4, 4) == pytest.approx(0.31, rel=0.05)
     # A batch size never run at all is not held back: nothing was measured to be stale.
     assert not cost.plain_is_stale(16)
 

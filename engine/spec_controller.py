@@ -398,7 +398,9 @@ class StepCostModel:
         bucket = _bucket(num_sequences)
         plain = self._calibration.get((bucket, False, False))
         if plain is None or not plain.settled:
-            return self._forwards.get(bucket, 0) > 0
+            # Any forward of this batch size measured (a prefill's too): it runs here, and from its
+            # first decode step on, drafting waits for a plain price of its own.
+            return any(b == bucket for b, _, _ in self._calibration)
         return self._forwards.get(bucket, 0) - plain.last_forward >= STALE_FORWARDS
 
     def plain_is_measured(self, num_sequences: int) -> bool:

@@ -449,8 +449,11 @@ def test_a_plain_price_never_measured_is_measured_before_drafting_goes_on():
         cost.observe_target(4, 4, seconds)
     assert cost.plain_is_measured(4) and not cost.plain_is_stale(4)
     assert cost.target_seconds(4, 4) == pytest.approx(0.31, rel=0.05)
-    # A batch size never run at all is not held back: nothing was measured to be stale.
+    # A batch size never run at all is not held back (nothing was measured there to be stale); one
+    # whose prefill was, is: its first decode steps are plain.
     assert not cost.plain_is_stale(16)
+    cost.observe_target(16, 16 * 200, 30.0)
+    assert cost.plain_is_stale(16) and not cost.plain_is_measured(16)
 
 
 def test_a_wide_margin_is_not_interrupted_to_refresh_the_plain_price():

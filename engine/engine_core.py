@@ -30,7 +30,7 @@ from .sampler import compute_logprobs
 from .sampling_params import InvalidParameterError, SamplingParams
 from .scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput
 from .spec_controller import Preview, SpeculationController, StepCostModel
-from .stats import EngineSnapshot, EngineStats, RequestTiming
+from .stats import EngineSnapshot, EngineStats, RequestTiming, StepRecord
 from .step_batch import Draft, RequestState, VerificationWindow, WindowBatch
 from .tokenizer import Tokenizer
 from .verifier import Window, verify_windows
@@ -232,11 +232,28 @@ class EngineCore:
         step_seconds: float,
     ) -> None:
         """Feed the controller what this step cost, and record its choice against what happened."""
+        decision = sched.speculation
+        self.stats.events.steps.append(
+            StepRecord(
+                num_sequences=len(batch.sequences),
+                num_tokens=sum(len(q.token_ids) for q in batch.sequences),
+                prefill_tokens=sum(s.num_new_tokens for s in sched.scheduled if s.num_new_tokens > 1),
+                drafting=sum(1 for s in sched.scheduled if s.num_speculative_tokens > 0),
+                draft_tokens=sum(s.num_speculative_tokens for s in sched.scheduled),
+                probes=len(decision.probed) if decision is not None else 0,
+                setup_tokens=decision.setup_tokens if decision is not None else 0,
+                emitted_tokens=sum(len(e) for e in emitted if e is not None),
+                draft_seconds=draft_seconds,
+                forward_seconds=forward_seconds,
+                step_seconds=step_seconds,
+                predicted_tokens=decision.predicted_tokens if decision is not None else None,
+                predicted_seconds=decision.predicted_seconds if decision is not None else None,
+            )
+        )
         if self.controller is None:
             return
         cost = self.controller.cost
         num_seqs, num_tokens = len(batch.sequences), sum(len(q.token_ids) for q in batch.sequences)
-        decision = sched.speculation
         free = decision.free if decision is not None else frozenset()
         # Requests whose drafts were free lookups (Preview.free) took no draft steps.
         drafting = [

@@ -98,6 +98,27 @@ class StepEvents:
     # (sequences, tokens, predicted s, measured s) of each target forward the cost model saw
     forward_costs: list[tuple[int, int, float, float]] = field(default_factory=list)
     finished: list[RequestTiming] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)  # every step as it ran
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One engine step as it ran: what it held, where its time went, what it emitted, and what the
+    speculation controller expected of it (benchmarks/step_ledger.py adds these up per kind of step)."""
+
+    num_sequences: int
+    num_tokens: int  # tokens the target ran: windows and prefill chunks
+    prefill_tokens: int  # of which prefill chunks
+    drafting: int  # requests with drafts
+    draft_tokens: int  # drafts verified
+    probes: int  # drafting requests whose one draft was the controller's probe
+    setup_tokens: int  # tokens proposers fed to catch up before drafting
+    emitted_tokens: int
+    draft_seconds: float
+    forward_seconds: float
+    step_seconds: float
+    predicted_tokens: float | None = None  # the controller's expectation (None: it did not decide)
+    predicted_seconds: float | None = None
 
 
 @dataclass
@@ -178,7 +199,10 @@ class EngineStats:
         offline LLM run, a server nobody scrapes), so they cannot grow without end. Dropping is a
         drain whose result is thrown away: the exporter's accounting stays consistent. True if dropped."""
         e = self.events
-        if max(len(e.acceptance_lengths), len(e.chosen_k), len(e.forward_costs), len(e.finished)) <= limit:
+        longest = max(
+            len(e.acceptance_lengths), len(e.chosen_k), len(e.forward_costs), len(e.finished), len(e.steps)
+        )
+        if longest <= limit:
             return False
         self.drain_events()
         return True

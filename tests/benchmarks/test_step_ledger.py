@@ -1,0 +1,46 @@
+"""Smoke test: the step ledger (every engine step of a cell, added up by kind) on the tiny model."""
+
+from __future__ import annotations
+
+import json
+
+from specserve.benchmarks import step_ledger
+
+
+def test_step_ledger_accounts_for_every_token_of_every_cell(tiny_llama_dir, tmp_path):
+    out = tmp_path / "out"
+    args = ["--model-path", str(tiny_llama_dir), "--quantization-encoding", "float32"]
+    args += ["--modes", "off,static,adaptive", "--concurrency", "2", "--requests", "3", "--max-tokens", "12"]
+    args += ["--categories", "code,qa", "--max-length", "512", "--max-kv-cache-tokens", "4096"]
+    args += ["--repeats", "2", "--output-dir", str(out), "--no-progress"]
+    assert step_ledger.main(args) == 0
+    report = json.loads((out / "step_ledger.json").read_text())
+    assert report["schema"] == step_ledger.SCHEMA
+    cells = report["cells"]
+    assert sorted((c["mode"], c["repeat"]) for c in cells) == [
+        (m, r) for m in ("adaptive", "off", "static") for r in (0, 1)
+    ]
+    for cell in cells:
+        assert cell["tokens"] == 3 * 12  # EOS ignored
+        kinds = cell["ledger"]
+        # Every emitted token was emitted by one step of one kind; the steps ran inside the cell's time.
+        assert sum(kinds[k]["tokens"] for k in step_ledger.KINDS if k in kinds) == cell["tokens"]
+        assert sum(kinds[k]["seconds"] for k in step_ledger.KINDS if k in kinds) <= cell["seconds"]
+        assert kinds["prefill"]["steps"] >= 1
+        if cell["mode"] == "off":
+            assert not {"drafting", "probe"} & set(kinds)
+        if cell["mode"] == "static":
+            assert kinds["drafting"]["steps"] >= 1
+    assert set(report["summary"]["vs_off"]) == {"static", "adaptive"}
+    assert "| cell | steps |" in (out / "step_ledger.md").read_text()
+    assert (out / "step_ledger.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_unknown_mode_is_a_one_line_error(tiny_llama_dir, tmp_path, capsys):
+    args = ["--model-path", str(tiny_llama_dir), "--modes", "off,fast", "--output-dir", str(tmp_path)]
+    try:
+        step_ledger.main(args)
+    except SystemExit as exc:
+        assert "--modes takes off, static, adaptive" in str(exc)
+    else:
+        raise AssertionError("an unknown mode was accepted")

@@ -15,11 +15,16 @@ BENCH_COMMANDS = {
         "specserve.benchmarks.serve",
         "load test against a running server: concurrency sweep, spec on vs off",
     ),
+    "ledger": (
+        "specserve.benchmarks.step_ledger",
+        "in-process cells per speculation mode: where the time goes, engine step by step",
+    ),
 }
 
 
 def _usage() -> str:
-    lines = ["usage: specserve bench {latency,serve} [options]   (specserve bench COMMAND --help)", ""]
+    names = ",".join(BENCH_COMMANDS)
+    lines = [f"usage: specserve bench {{{names}}} [options]   (specserve bench COMMAND --help)", ""]
     lines += [f"  {name:8s} {desc}" for name, (_, desc) in BENCH_COMMANDS.items()]
     return "\n".join(lines)
 

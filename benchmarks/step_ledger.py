@@ -9,7 +9,7 @@ forward), emitted tokens and tokens per second, and, for the adaptive controller
 expected against what they did. A mode that loses to speculation off shows here whether it lost in the
 steps that drafted, in catch-ups, in probes or in prefill and plain steps that ran slower (the machine).
 
-    python -m specserve.benchmarks.step_ledger --concurrency 2 --requests 8 --max-tokens 48 \\
+    specserve bench ledger --concurrency 2 --requests 8 --max-tokens 48 \\
         --model-path Qwen/Qwen2.5-Coder-1.5B-Instruct --draft-model-path Qwen/Qwen2.5-Coder-0.5B-Instruct \\
         --draft-quantization-encoding int4
 """
@@ -45,7 +45,7 @@ CATCH_UP_TOKENS = 16
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="step_ledger", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="specserve bench ledger", description=__doc__.splitlines()[0])
     p.add_argument("--model-path", default=None, help="target (default: the embedded SmolLM2-135M)")
     p.add_argument("--draft-model-path", default=None, help="draft model (default: n-gram lookup)")
     p.add_argument("--speculative-method", default=None, help="default: the engine's auto")
@@ -73,7 +73,7 @@ def _arms(modes: list[str], static_k: int) -> list[Arm[dict[str, Any]]]:
     unknown = [m for m in modes if m not in settings]
     if unknown or not modes:
         raise SystemExit(
-            f"step_ledger: --modes takes off, static, adaptive (got {','.join(modes) or 'none'})"
+            f"specserve bench ledger: --modes takes off, static, adaptive (got {','.join(modes) or 'none'})"
         )
     return [Arm(m, settings[m]) for m in modes]
 
@@ -163,7 +163,9 @@ def ledger(steps: list[Any]) -> dict[str, dict[str, float]]:
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     if args.concurrency < 1 or args.requests < 1 or args.max_tokens < 1:
-        raise SystemExit("step_ledger: --concurrency, --requests and --max-tokens must be positive")
+        raise SystemExit(
+            "specserve bench ledger: --concurrency, --requests and --max-tokens must be positive"
+        )
     arms = _arms([m.strip() for m in args.modes.split(",") if m.strip()], args.static_k)
     llm = _engine(args)
     prompt_set = load_prompts(parse_categories(args.categories))
@@ -187,7 +189,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                     }
                 )
                 bar.update(1)
-    report = envelope(SCHEMA, "step_ledger", argv)
+    report = envelope(SCHEMA, "ledger", argv)
     report["config"] = {**vars(args), "method": llm.engine.proposer_name}
     report["cells"] = cells
     report["summary"] = summarize(cells)

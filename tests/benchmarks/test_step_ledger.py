@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from specserve.api.tools import BENCH_COMMANDS
 from specserve.benchmarks import step_ledger
 
 
@@ -37,6 +38,7 @@ def test_step_ledger_accounts_for_every_token_of_every_cell(tiny_llama_dir, tmp_
 
 
 def test_unknown_mode_is_a_one_line_error(tiny_llama_dir, tmp_path, capsys):
+    assert BENCH_COMMANDS["ledger"][0] == step_ledger.__name__  # `specserve bench ledger`
     args = ["--model-path", str(tiny_llama_dir), "--modes", "off,fast", "--output-dir", str(tmp_path)]
     try:
         step_ledger.main(args)

@@ -233,10 +233,11 @@ class EngineCore:
     ) -> None:
         """Feed the controller what this step cost, and record its choice against what happened."""
         decision = sched.speculation
+        num_seqs, num_tokens = len(batch.sequences), sum(len(q.token_ids) for q in batch.sequences)
         self.stats.events.steps.append(
             StepRecord(
-                num_sequences=len(batch.sequences),
-                num_tokens=sum(len(q.token_ids) for q in batch.sequences),
+                num_sequences=num_seqs,
+                num_tokens=num_tokens,
                 prefill_tokens=sum(s.num_new_tokens for s in sched.scheduled if s.num_new_tokens > 1),
                 drafting=sum(1 for s in sched.scheduled if s.num_speculative_tokens > 0),
                 draft_tokens=sum(s.num_speculative_tokens for s in sched.scheduled),
@@ -253,7 +254,6 @@ class EngineCore:
         if self.controller is None:
             return
         cost = self.controller.cost
-        num_seqs, num_tokens = len(batch.sequences), sum(len(q.token_ids) for q in batch.sequences)
         free = decision.free if decision is not None else frozenset()
         # Requests whose drafts were free lookups (Preview.free) took no draft steps.
         drafting = [

@@ -270,7 +270,9 @@ class EngineCore:
         probe_only = bool(drafting) and all(s.request.request_id in probed for s in drafting)
         if probe_only:
             # Only probes drafted: priced on their own (a probe may first catch up on missed tokens).
-            cost.observe_probe(len(drafting), draft_seconds)
+            cost.observe_probe(
+                len(drafting), draft_seconds, decision.setup_tokens if decision is not None else 0
+            )
         elif drafting:
             setup = decision.setup_tokens if decision is not None else 0
             cost.observe_draft(len(drafting), draft_steps, draft_seconds, setup)

@@ -434,16 +434,22 @@ class StepCostModel:
             return self.draft_cost_ratio * self.target_seconds(num_requests, num_requests)
         return statistics.median(recent)
 
-    def probe_seconds(self, num_sequences: int, num_tokens: int) -> float:
-        """What one more probe adds to a step that runs `num_tokens` tokens: a verification row, and
-        the proposer's work for it. A probe's proposal is measured on its own (`observe_probe`): a
-        draft model or a head that was off first catches up on the tokens it missed, which a drafting
-        step's cost does not show."""
+    def probe_seconds(self, num_sequences: int, num_tokens: int, setup_tokens: int = 0) -> float:
+        """What one more probe adds to a step that runs `num_tokens` tokens: a verification row, the
+        proposer's one draft (measured on probes, `observe_probe`), and the catch-up on the
+        `setup_tokens` tokens the proposer has not seen. The catch-up is the probe's own: a Qwen-pair
+        request that never drafted has a whole prompt to feed (504 tokens, 3.4 s on the AVX-512 Xeon)
+        where one that drafted a step ago has 1-2 (0.04 s); priced by the probes' average, a probe
+        of the first kind cost 30x its price and every other request's step waited for it."""
         row = self.target_seconds(num_sequences, num_tokens + 1) - self.target_seconds(
             num_sequences, num_tokens
         )
         draft = self._probe_draft if self._probe_draft is not None else self.draft_seconds(1, 1)
-        return max(0.0, row) + draft
+        return (
+            max(0.0, row)
+            + draft
+            + (self.setup_seconds(setup_tokens) if setup_tokens >= SETUP_MIN_TOKENS else 0.0)
+        )
 
     def step_seconds(
         self, num_sequences: int, num_tokens: int, draft_requests: int, draft_steps: int
@@ -483,16 +489,24 @@ class StepCostModel:
         # and the catch-up prior (a share of the step price) priced the next catch-ups 8x too high.
         if setup_tokens >= SETUP_MIN_TOKENS * num_requests:
             residual = max(0.0, seconds - num_steps * self.draft_step_seconds(num_requests))
-            per_token = residual / setup_tokens
-            old = self._setup_token
-            self._setup_token = per_token if old is None else old + SETUP_ALPHA * (per_token - old)
+            self._observe_setup(residual / setup_tokens)
             return  # mostly catch-up: not a draft step's time
         recent = self._draft_steps.setdefault(_bucket(num_requests), deque(maxlen=DRAFT_WINDOW))
         recent.append(seconds / num_steps)
 
-    def observe_probe(self, num_probes: int, seconds: float) -> None:
-        """The proposer's time in a step whose only drafts were `num_probes` probes."""
+    def _observe_setup(self, per_token: float) -> None:
+        old = self._setup_token
+        self._setup_token = per_token if old is None else old + SETUP_ALPHA * (per_token - old)
+
+    def observe_probe(self, num_probes: int, seconds: float, setup_tokens: int = 0) -> None:
+        """The proposer's time in a step whose only drafts were `num_probes` probes, after feeding
+        `setup_tokens` catch-up tokens: a catch-up teaches the per-token price (what the step spent
+        beyond its probes' price), the rest the price of a probe's draft."""
         if num_probes <= 0 or seconds < 0:
+            return
+        if setup_tokens >= SETUP_MIN_TOKENS * num_probes:
+            draft = self._probe_draft if self._probe_draft is not None else self.draft_seconds(1, 1)
+            self._observe_setup(max(0.0, seconds - num_probes * draft) / setup_tokens)
             return
         per_probe = seconds / num_probes
         old = self._probe_draft
@@ -605,6 +619,25 @@ class _Drafts:
         return _Drafts(self.tokens, self.gain, self.steps, self.drafting, self.setup)
 
 
+@dataclass(frozen=True)
+class _CatchUp:
+    """A request's catch-up (Preview.setup_tokens), paid once before its first draft and charged to
+    the drafting steps it pays for: a step that is expected to emit `e` of the request's `tokens_left`
+    tokens bears e / tokens_left of it (all of it when it may finish the request). Charged by the
+    drafts weighed, not by the most the request could draft: priced at its cap of 8 (expected 3.2
+    tokens at 0.7 acceptance), a 480-token catch-up looked 26% dearer per step than at the 2-3 drafts
+    that paid (2.1-2.5 tokens). A Qwen-pair request with that prompt ran 23 plain steps, then a probe
+    caught up and its drafts were accepted at 0.96 (47 tokens in 13.6 s); charged by the drafts
+    weighed, it drafted from its first decode step (11.5 s, in a slower spell of the machine;
+    AVX-512 Xeon, one client)."""
+
+    seconds: float
+    tokens_left: int
+
+    def charge(self, expected_tokens: float) -> float:
+        return self.seconds * min(1.0, expected_tokens / self.tokens_left)
+
+
 @dataclass
 class _ProbeState:
     steps_without_drafts: int = 0
@@ -695,8 +728,8 @@ class SpeculationController:
 
         # A catch-up of a few tokens is the proposal's own first forward (what the last step
         # accepted), already in a draft step's price.
-        setup_charge = {
-            c.request_id: self._setup_charge(c, rates[c.request_id])
+        catch_ups = {
+            c.request_id: self._catch_up(c)
             for c in candidates
             if c.setup_tokens >= SETUP_MIN_TOKENS and not c.static and c.request_id not in free
         }
@@ -704,6 +737,8 @@ class SpeculationController:
         def best_prefix(order: list[tuple[float, int, str]]) -> tuple[float, int]:
             """(goodput, length) of the best prefix of `order` within the token budget."""
             d, drafting_adaptive = fixed.copy(), set()
+            expected: dict[str, float] = {}  # request id -> expected tokens of its slots so far
+            charged: dict[str, float] = {}  # request id -> catch-up seconds charged to this step
             best, best_n = goodput(d), 0
             for n, (p, j, rid) in enumerate(order, start=1):
                 if d.tokens >= budget:
@@ -713,9 +748,13 @@ class SpeculationController:
                 if rid not in free:  # a free proposal's slot adds its row, no draft step
                     if rid not in drafting_adaptive:  # static requests are never in `slots`
                         d.drafting += 1
-                        d.setup += setup_charge.get(rid, 0.0)
                     drafting_adaptive.add(rid)
                     d.steps = max(d.steps, j + 1)
+                    if rid in catch_ups:
+                        expected[rid] = expected.get(rid, 1.0) + p
+                        charge = catch_ups[rid].charge(expected[rid])
+                        d.setup += charge - charged.get(rid, 0.0)
+                        charged[rid] = charge
                 g = goodput(d)
                 if g > best:
                     best, best_n = g, n
@@ -726,7 +765,7 @@ class SpeculationController:
         # others' and its charge would sink every prefix after it.
         no_adaptive_drafts = goodput(fixed)
         bar = no_adaptive_drafts * self.required_gain(num_sequences)
-        for rid in list(setup_charge):
+        for rid in list(catch_ups):
             own = [sl for sl in slots if sl[2] == rid]
             if best_prefix(own)[0] < bar:
                 slots = [sl for sl in slots if sl[2] != rid]
@@ -764,12 +803,8 @@ class SpeculationController:
         static = any(c.static and k[c.request_id] > 0 for c in candidates)
         return Decision(k, predicted, seconds, probed, free, setup, static)
 
-    def _setup_charge(self, c: Candidate, rates: list[float]) -> float:
-        """The share of a request's catch-up this step bears: all of it spread over the drafting steps
-        the request has left (its tokens left over what a step with its cap drafted emits)."""
-        per_step = expected_tokens(rates, min(c.cap, self.k_max))
-        steps_left = max(1.0, (c.tokens_left if c.tokens_left is not None else 1) / per_step)
-        return self.cost.setup_seconds(c.setup_tokens) / steps_left
+    def _catch_up(self, c: Candidate) -> _CatchUp:
+        return _CatchUp(self.cost.setup_seconds(c.setup_tokens), max(1, c.tokens_left or 1))
 
     def step_seconds(
         self, num_sequences: int, base_tokens: int, k: dict[str, int], free: frozenset[str] = frozenset()
@@ -818,8 +853,16 @@ class SpeculationController:
                 due.append((c, state))
         num_tokens = base_tokens + sum(v for v in k.values() if v > 0)
         step_seconds = self.step_seconds(num_sequences, base_tokens, k, free)
-        price = self.cost.probe_seconds(num_sequences, num_tokens)
-        self._probe_savings = min(self._probe_savings + PROBE_BUDGET * step_seconds, MAX_SAVED_PROBES * price)
+
+        def price(c: Candidate) -> float:
+            setup = 0 if c.request_id in free else c.setup_tokens
+            return self.cost.probe_seconds(num_sequences, num_tokens, setup)
+
+        # Saved up to a few of the dearest due probe, so a probe with a long catch-up is bought now
+        # and then; still at most PROBE_BUDGET of the time over all.
+        dearest = max([price(c) for c, _ in due], default=0.0)
+        cap = MAX_SAVED_PROBES * max(self.cost.probe_seconds(num_sequences, num_tokens), dearest)
+        self._probe_savings = min(self._probe_savings + PROBE_BUDGET * step_seconds, cap)
         due.sort(
             key=lambda d: (
                 self.acceptance.has_observations(d[0].request_id),
@@ -828,15 +871,16 @@ class SpeculationController:
         )
         probed = []
         for c, state in due:
-            if price > self._probe_savings:
-                break
-            self._probe_savings -= price
-            num_tokens += 1
+            # A probe the savings do not cover waits; a cheaper one behind it need not.
+            charge = price(c)
+            if charge > self._probe_savings:
+                continue
+            self._probe_savings -= charge
+            num_tokens += 1  # the next probe's row comes after this one's
             k[c.request_id] = 1
             state.steps_without_drafts = 0
             state.interval = min(2 * state.interval, MAX_PROBE_INTERVAL)
             probed.append(c.request_id)
-            price = self.cost.probe_seconds(num_sequences, num_tokens)  # the next probe's row comes later
         return probed
 
     def required_gain(self, num_sequences: int) -> float:

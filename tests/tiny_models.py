@@ -157,7 +157,7 @@ def sloped_step_cost(slope: float = 0.1):
         ) -> None:
             pass
 
-        def observe_probe(self, num_probes: int, seconds: float) -> None:
+        def observe_probe(self, num_probes: int, seconds: float, setup_tokens: int = 0) -> None:
             pass
 
         def observe_realized(self, num_sequences: int, drafted: bool, tokens: int, seconds: float) -> None:

@@ -120,10 +120,10 @@ def test_content_change_switches_drafting_back_on():
     assert choose_one(ctrl) >= 3
 
 
-def _probe_run(ctrl, steps: int, num_clients: int = 1, lifetime: int | None = None):
+def _probe_run(ctrl, steps: int, num_clients: int = 1, lifetime: int | None = None, setup_tokens: int = 0):
     """`steps` decode steps of `num_clients` requests whose drafts are never accepted (each replaced
-    by a new one after `lifetime` steps): (probes, predicted seconds of all steps, step seconds with
-    the probes only)."""
+    by a new one after `lifetime` steps; each with `setup_tokens` to catch up on before a draft):
+    (probes, predicted seconds of all steps, step seconds with the probes only)."""
     probes, total, probe_seconds = 0, 0.0, 0.0
     ids = [f"r{i}" for i in range(num_clients)]
     for step in range(steps):
@@ -131,7 +131,8 @@ def _probe_run(ctrl, steps: int, num_clients: int = 1, lifetime: int | None = No
             for rid in ids:
                 ctrl.forget(rid)
             ids = [f"r{step}-{i}" for i in range(num_clients)]
-        d = ctrl.choose([Candidate(r, K_MAX) for r in ids], num_clients, num_clients, 2048)
+        candidates = [Candidate(r, K_MAX, setup_tokens=setup_tokens) for r in ids]
+        d = ctrl.choose(candidates, num_clients, num_clients, 2048)
         assert set(d.probed) == {r for r in ids if d.k[r]}  # zero acceptance: every draft is a probe
         for rid in d.probed:
             ctrl.observe_verification(rid, 1, 0)
@@ -179,6 +180,31 @@ def test_an_expensive_proposal_makes_probes_rarer():
     assert n_cheap >= 10  # only the doubling interval (8, 16, ... 128 steps) spaces free probes
     assert n_costly < n_cheap / 4
     assert n_costly * 0.1 <= PROBE_BUDGET * total + MAX_SAVED_PROBES * 0.1
+
+
+def test_a_probe_is_priced_with_its_own_catch_up():
+    """A draft model that never drafted for a request must feed it the whole prompt before a probe's one
+    draft (504 tokens, 3.4 s for the Qwen pair on the AVX-512 Xeon, against 0.04 s for a request that
+    drafted a step ago). Priced by the probes' average, such probes cost many times their budget."""
+    in_sync, behind = controller(STEEP, draft_ratio=0.5), controller(STEEP, draft_ratio=0.5)
+    for ctrl in (in_sync, behind):
+        teach(ctrl, "seed", 0.0)
+    catch_up = 400  # 12.5 plain steps' worth at the prior price (1/16 of a 5 ms draft step a token)
+    price = behind.cost.probe_seconds(1, 1, setup_tokens=catch_up)
+    assert price == pytest.approx(in_sync.cost.probe_seconds(1, 1) + behind.cost.setup_seconds(catch_up))
+    n_in_sync, _, _ = _probe_run(in_sync, 4000)
+    n_behind, total, probe_seconds = _probe_run(behind, 4000, setup_tokens=catch_up)
+    assert 1 <= n_behind < n_in_sync / 4
+    assert probe_seconds <= PROBE_BUDGET * total + MAX_SAVED_PROBES * price
+
+
+def test_a_probe_that_catches_up_teaches_the_catch_up_price_not_the_probe_price():
+    cost = StepCostModel([(1, 0.2), (64, 0.2)], draft_cost_ratio=0.25)
+    cost.observe_probe(1, 0.05)  # a probe of a request in sync: one 50 ms draft
+    cost.observe_probe(1, 0.05 + 0.4, setup_tokens=200)  # one that first fed 200 tokens: 2 ms each
+    assert cost.setup_seconds(100) == pytest.approx(0.2)
+    assert cost.probe_seconds(1, 1) == pytest.approx(0.05)  # flat curve: the row is free
+    assert cost.probe_seconds(1, 1, setup_tokens=100) == pytest.approx(0.25)
 
 
 def test_requests_never_verified_are_probed_first():
@@ -601,6 +627,35 @@ def test_a_catch_up_is_priced_over_the_drafting_steps_a_request_has_left():
     assert d.predicted_seconds == pytest.approx(
         0.010 + ctrl.cost.draft_seconds(2, max(d.k.values())) + ctrl.cost.setup_seconds(catch_up)
     )
+
+
+@pytest.mark.parametrize("tokens_left", [40, 400])
+def test_a_catch_up_is_charged_by_the_drafts_weighed_not_the_most_a_request_could_draft(tokens_left):
+    """A catch-up pays when the drafts it enables save more than it costs over the request's tokens
+    left. Where drafts are dear the best k is small (3 here, 3.3 tokens a step, where the cap of 8
+    would promise 5.3): the request drafts when its catch-up is just under that break-even, and not
+    just over it. Charged at the cap's tokens, it stopped at about 60% of the break-even."""
+    ctrl = controller(FLAT, draft_ratio=0.4)  # a verification: 10 ms whatever its rows; a draft step: 4 ms
+    for i in range(40):  # one-draft verifications, 4 in 5 accepted
+        ctrl.observe_verification("a", 1, int(i % 5 != 0))
+    cost, acceptance = ctrl.cost, ctrl.acceptance
+    rates = acceptance.rates("a", acceptance.global_rate(None), None)
+    bar = ctrl.required_gain(1) / cost.step_seconds(1, 1, 0, 0)  # tokens/s drafting must beat
+    tokens = {k: expected_tokens(rates, k) for k in range(1, K_MAX + 1)}
+    # The most catch-up seconds S each k pays back: E_k / (t_k + S E_k / L) = bar.
+    break_even = max(
+        tokens_left * (tokens[k] / bar - cost.step_seconds(1, 1 + k, 1, k)) / tokens[k] for k in tokens
+    )
+    best_k = max(tokens, key=lambda k: tokens[k] / cost.step_seconds(1, 1 + k, 1, k))
+    assert tokens[K_MAX] > 1.5 * tokens[best_k]
+    per_token = cost.setup_seconds(1)
+
+    def k_with_catch_up(seconds: float) -> int:
+        c = Candidate("a", K_MAX, setup_tokens=round(seconds / per_token), tokens_left=tokens_left)
+        return ctrl.choose([c], num_sequences=1, base_tokens=1, token_budget=2048).k["a"]
+
+    assert k_with_catch_up(0.9 * break_even) > 0
+    assert k_with_catch_up(1.1 * break_even) == 0
 
 
 def test_catch_up_price_is_learned_from_drafting_steps():

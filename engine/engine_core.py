@@ -233,6 +233,7 @@ class EngineCore:
     ) -> None:
         """Feed the controller what this step cost, and record its choice against what happened."""
         decision = sched.speculation
+        setup = decision.setup_tokens if decision is not None else 0  # catch-up tokens proposers fed
         num_seqs, num_tokens = len(batch.sequences), sum(len(q.token_ids) for q in batch.sequences)
         self.stats.events.steps.append(
             StepRecord(
@@ -242,7 +243,7 @@ class EngineCore:
                 drafting=sum(1 for s in sched.scheduled if s.num_speculative_tokens > 0),
                 draft_tokens=sum(s.num_speculative_tokens for s in sched.scheduled),
                 probes=len(decision.probed) if decision is not None else 0,
-                setup_tokens=decision.setup_tokens if decision is not None else 0,
+                setup_tokens=setup,
                 emitted_tokens=sum(len(e) for e in emitted if e is not None),
                 draft_seconds=draft_seconds,
                 forward_seconds=forward_seconds,
@@ -270,11 +271,8 @@ class EngineCore:
         probe_only = bool(drafting) and all(s.request.request_id in probed for s in drafting)
         if probe_only:
             # Only probes drafted: priced on their own (a probe may first catch up on missed tokens).
-            cost.observe_probe(
-                len(drafting), draft_seconds, decision.setup_tokens if decision is not None else 0
-            )
+            cost.observe_probe(len(drafting), draft_seconds, setup)
         elif drafting:
-            setup = decision.setup_tokens if decision is not None else 0
             cost.observe_draft(len(drafting), draft_steps, draft_seconds, setup)
         cost.observe_overhead(step_seconds - forward_seconds - draft_seconds)
         if decision is None:

@@ -444,12 +444,15 @@ class StepCostModel:
         row = self.target_seconds(num_sequences, num_tokens + 1) - self.target_seconds(
             num_sequences, num_tokens
         )
-        draft = self._probe_draft if self._probe_draft is not None else self.draft_seconds(1, 1)
         return (
             max(0.0, row)
-            + draft
+            + self._probe_draft_seconds()
             + (self.setup_seconds(setup_tokens) if setup_tokens >= SETUP_MIN_TOKENS else 0.0)
         )
+
+    def _probe_draft_seconds(self) -> float:
+        """A probe's one draft: measured on probes, a draft step's price before."""
+        return self._probe_draft if self._probe_draft is not None else self.draft_seconds(1, 1)
 
     def step_seconds(
         self, num_sequences: int, num_tokens: int, draft_requests: int, draft_steps: int
@@ -505,8 +508,8 @@ class StepCostModel:
         if num_probes <= 0 or seconds < 0:
             return
         if setup_tokens >= SETUP_MIN_TOKENS * num_probes:
-            draft = self._probe_draft if self._probe_draft is not None else self.draft_seconds(1, 1)
-            self._observe_setup(max(0.0, seconds - num_probes * draft) / setup_tokens)
+            residual = max(0.0, seconds - num_probes * self._probe_draft_seconds())
+            self._observe_setup(residual / setup_tokens)
             return
         per_probe = seconds / num_probes
         old = self._probe_draft
@@ -738,7 +741,6 @@ class SpeculationController:
             """(goodput, length) of the best prefix of `order` within the token budget."""
             d, drafting_adaptive = fixed.copy(), set()
             expected: dict[str, float] = {}  # request id -> expected tokens of its slots so far
-            charged: dict[str, float] = {}  # request id -> catch-up seconds charged to this step
             best, best_n = goodput(d), 0
             for n, (p, j, rid) in enumerate(order, start=1):
                 if d.tokens >= budget:
@@ -750,11 +752,11 @@ class SpeculationController:
                         d.drafting += 1
                     drafting_adaptive.add(rid)
                     d.steps = max(d.steps, j + 1)
-                    if rid in catch_ups:
-                        expected[rid] = expected.get(rid, 1.0) + p
-                        charge = catch_ups[rid].charge(expected[rid])
-                        d.setup += charge - charged.get(rid, 0.0)
-                        charged[rid] = charge
+                    if rid in catch_ups:  # its charge grows with the tokens its slots expect
+                        before = expected.get(rid)
+                        expected[rid] = (before or 1.0) + p
+                        d.setup += catch_ups[rid].charge(expected[rid])
+                        d.setup -= catch_ups[rid].charge(before) if before is not None else 0.0
                 g = goodput(d)
                 if g > best:
                     best, best_n = g, n

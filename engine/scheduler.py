@@ -181,10 +181,9 @@ class Scheduler:
                 request.num_computed_tokens = self.kv.reuse_cached_prefix(request)
                 request.num_cached_prompt_tokens = request.num_computed_tokens
             num_new = request.num_tokens - request.num_computed_tokens
-            if not self.config.enable_chunked_prefill and num_new > budget:
-                break
+            fits = self.config.enable_chunked_prefill or num_new <= budget
             num_new = min(num_new, budget)
-            if not self.kv.allocate_slots(request, num_new, 0):
+            if not fits or not self.kv.allocate_slots(request, num_new, 0):
                 self.kv.free(request)  # give back prefix blocks: holding them while waiting could deadlock
                 request.num_computed_tokens = 0
                 break

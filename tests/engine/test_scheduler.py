@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from specserve.engine.kv_cache_manager import KVCacheManager
@@ -172,6 +172,14 @@ def test_prefix_cache_hit_reuses_blocks():
     chunked=st.booleans(),
     prefix=st.booleans(),
     num_blocks=st.integers(12, 40),
+)
+# Without chunked prefill a waiting request whose prompt did not fit the step's budget kept the prefix
+# blocks it had just reused (blocks 0-1 of r0's prompt) while it waited.
+@example(
+    ops=[("add", 8, 0), ("step", 1, 0), ("add", 22, 0), ("add", 32, 0), ("step", 1, 0)],
+    chunked=False,
+    prefix=True,
+    num_blocks=12,
 )
 def test_random_operations_keep_invariants(ops, chunked, prefix, num_blocks):
     s = _make(

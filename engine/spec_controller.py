@@ -608,18 +608,14 @@ class Decision:
     static_drafts: bool = False  # some drafts were a static request's cap, not the controller's choice
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Drafts:
-    """What a step's drafts add up to while the controller weighs them."""
+    """What the static requests' drafts add up to: the adaptive ones are weighed on top of them."""
 
     tokens: int  # draft tokens (verification rows beyond each request's own)
     gain: float  # expected accepted tokens
     steps: int  # draft steps (the most any costly proposal takes)
     drafting: int  # requests whose proposals cost draft steps
-    setup: float = 0.0  # seconds of catch-up charged to this step (spread over the requests' steps)
-
-    def copy(self) -> _Drafts:
-        return _Drafts(self.tokens, self.gain, self.steps, self.drafting, self.setup)
 
 
 @dataclass(frozen=True)
@@ -725,9 +721,17 @@ class SpeculationController:
         fixed = _Drafts(tokens, gain, max_steps, drafting)
         n_decode = len(candidates)
 
-        def goodput(d: _Drafts) -> float:
-            seconds = self.cost.step_seconds(num_sequences, base_tokens + d.tokens, d.drafting, d.steps)
-            return (n_decode + d.gain) / max(seconds + d.setup, 1e-9)
+        # The step's price by (tokens, drafting requests, draft steps): a handful of distinct
+        # shapes, asked for once per slot of every plan weighed (see the catch-ups below).
+        prices: dict[tuple[int, int, int], float] = {}
+
+        def goodput(tokens: int, drafting: int, steps: int, gain: float, setup: float) -> float:
+            shape = (tokens, drafting, steps)
+            seconds = prices.get(shape)
+            if seconds is None:
+                seconds = self.cost.step_seconds(num_sequences, base_tokens + tokens, drafting, steps)
+                prices[shape] = seconds
+            return (n_decode + gain) / max(seconds + setup, 1e-9)
 
         # A catch-up of a few tokens is the proposal's own first forward (what the last step
         # accepted), already in a draft step's price.
@@ -739,44 +743,63 @@ class SpeculationController:
 
         def best_prefix(order: list[tuple[float, int, str]]) -> tuple[float, int]:
             """(goodput, length) of the best prefix of `order` within the token budget."""
-            d, drafting_adaptive = fixed.copy(), set()
+            tokens, gain, steps, drafting, setup = fixed.tokens, fixed.gain, fixed.steps, fixed.drafting, 0.0
+            drafting_adaptive: set[str] = set()
             expected: dict[str, float] = {}  # request id -> expected tokens of its slots so far
-            best, best_n = goodput(d), 0
+            best, best_n = goodput(tokens, drafting, steps, gain, setup), 0
             for n, (p, j, rid) in enumerate(order, start=1):
-                if d.tokens >= budget:
+                if tokens >= budget:
                     break
-                d.tokens += 1
-                d.gain += p
+                tokens += 1
+                gain += p
                 if rid not in free:  # a free proposal's slot adds its row, no draft step
                     if rid not in drafting_adaptive:  # static requests are never in `slots`
-                        d.drafting += 1
-                    drafting_adaptive.add(rid)
-                    d.steps = max(d.steps, j + 1)
-                    if rid in catch_ups:  # its charge grows with the tokens its slots expect
+                        drafting += 1
+                        drafting_adaptive.add(rid)
+                    steps = max(steps, j + 1)
+                    catch_up = catch_ups.get(rid)
+                    if catch_up is not None:  # its charge grows with the tokens its slots expect
                         before = expected.get(rid)
                         expected[rid] = (before or 1.0) + p
-                        d.setup += catch_ups[rid].charge(expected[rid])
-                        d.setup -= catch_ups[rid].charge(before) if before is not None else 0.0
-                g = goodput(d)
+                        setup += catch_up.charge(expected[rid])
+                        setup -= catch_up.charge(before) if before is not None else 0.0
+                g = goodput(tokens, drafting, steps, gain, setup)
                 if g > best:
                     best, best_n = g, n
             return best, best_n
 
-        # A request whose catch-up does not pay even with the best drafts it could get on its own
-        # is left out: in the order of marginal tokens its first slot would come in with the
-        # others' and its charge would sink every prefix after it.
-        no_adaptive_drafts = goodput(fixed)
+        no_adaptive_drafts = goodput(fixed.tokens, fixed.drafting, fixed.steps, fixed.gain, 0.0)
+
+        def best_plan(order: list[tuple[float, int, str]]) -> tuple[float, int, list[tuple[float, int, str]]]:
+            """(goodput, length, order) of the best prefix over the candidate orders of these slots. By
+            marginal tokens alone a draft model's slot can come before a free one of the same value,
+            and every prefix then pays a draft step; the free slots first is the other order."""
+            orders = [order]
+            if free and len(free) < len({rid for _, _, rid in order}):
+                orders.append([s for s in order if s[2] in free] + [s for s in order if s[2] not in free])
+            return max(((*best_prefix(o), o) for o in orders), key=lambda b: b[0])
+
+        # A request whose catch-up does not pay even with the best drafts it could get on its own is
+        # left out of the first plan: in the order of marginal tokens its first slot comes in with the
+        # others' and its charge would sink every prefix after it. But one draft step serves every
+        # drafting request, so a catch-up can pay where the step is shared and not where its request
+        # bears the step alone: judged alone only, requests that all had to catch up (a draft model
+        # that has seen none of them) never started drafting together. So a second plan takes them
+        # all back in, less each one whose charge it is no worse without (dearest per token left
+        # first, one pass), and the better plan is drafted.
         bar = no_adaptive_drafts * self.required_gain(num_sequences)
-        for rid in list(catch_ups):
-            own = [sl for sl in slots if sl[2] == rid]
-            if best_prefix(own)[0] < bar:
-                slots = [sl for sl in slots if sl[2] != rid]
-        # By marginal tokens alone a draft model's slot can come before a free one of the same value,
-        # and every prefix then pays a draft step; the free slots first is the other candidate order.
-        orders = [slots]
-        if free and len(free) < len({rid for _, _, rid in slots}):
-            orders.append([s for s in slots if s[2] in free] + [s for s in slots if s[2] not in free])
-        best, best_n, order = max(((*best_prefix(o), o) for o in orders), key=lambda b: b[0])
+        shared = [rid for rid in catch_ups if best_prefix([sl for sl in slots if sl[2] == rid])[0] < bar]
+        best, best_n, order = best_plan([sl for sl in slots if sl[2] not in shared])
+        if shared:
+            together, plan = slots, best_plan(slots)
+            for rid in sorted(shared, key=lambda r: -catch_ups[r].seconds / catch_ups[r].tokens_left):
+                if any(sl[2] == rid for sl in plan[2][: plan[1]]):  # one outside the plan charges nothing
+                    without = [sl for sl in together if sl[2] != rid]
+                    fewer = best_plan(without)
+                    if fewer[0] >= plan[0]:
+                        together, plan = without, fewer
+            if plan[0] > best:
+                best, best_n, order = plan
         # A thin margin may rest on a stale plain price (StepCostModel.plain_is_stale), and any margin
         # on a plain price never measured: one step without drafts measures it. Only a step that is
         # plain without them does.

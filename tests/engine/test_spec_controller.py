@@ -658,6 +658,39 @@ def test_a_catch_up_is_charged_by_the_drafts_weighed_not_the_most_a_request_coul
     assert k_with_catch_up(1.1 * break_even) == 0
 
 
+@pytest.mark.parametrize("share_of_break_even", [0.9, 1.1])
+def test_catch_ups_are_judged_with_the_draft_step_they_share(share_of_break_even):
+    """One draft step serves every drafting request. Here it costs the same for one request or four
+    (4 ms against a 10 ms verification of any size), so drafting pays only when the four draft
+    together, whether or not they catch up first. Judged alone, each request's catch-up was charged a
+    whole draft step and none drafted, even at a tenth of the break-even: a draft model that has seen
+    none of the requests never started. Judged together, they draft just under the break-even of the
+    four catching up at once, and not just over it."""
+    ctrl = controller(FLAT, draft_ratio=0.4)
+    names, tokens_left = "abcd", 40
+    for rid in names:
+        teach(ctrl, rid, 0.8)
+    cost, acceptance = ctrl.cost, ctrl.acceptance
+    rates = acceptance.rates("a", acceptance.global_rate(None), None)
+    bar = ctrl.required_gain(4) * 4 / cost.step_seconds(4, 4, 0, 0)  # tokens/s drafting must beat
+    tokens = {k: 4 * expected_tokens(rates, k) for k in range(1, K_MAX + 1)}
+    # The most catch-up seconds S each request may bring: T_k / (t_k + 4 S (T_k / 4) / L) = bar.
+    break_even = max(
+        tokens_left * (tokens[k] / bar - cost.step_seconds(4, 4 + 4 * k, 4, k)) / tokens[k] for k in tokens
+    )
+    alone = [
+        Candidate("a", K_MAX, setup_tokens=round(0.1 * break_even / cost.setup_seconds(1)), tokens_left=40)
+    ]
+    assert ctrl.choose(alone + [Candidate(r, 0) for r in "bcd"], 4, 4, 64).k["a"] == 0  # alone, it never pays
+    catch_up = round(share_of_break_even * break_even / cost.setup_seconds(1))
+    together = [Candidate(rid, K_MAX, setup_tokens=catch_up, tokens_left=tokens_left) for rid in names]
+    d = ctrl.choose(together, num_sequences=4, base_tokens=4, token_budget=64)
+    if share_of_break_even < 1:
+        assert all(d.k[rid] > 0 for rid in names) and d.setup_tokens == 4 * catch_up, d.k
+    else:
+        assert not any(d.k.values()), d.k
+
+
 def test_catch_up_price_is_learned_from_drafting_steps():
     cost = StepCostModel([(1, 0.2), (64, 0.2)], draft_cost_ratio=0.25)
     assert cost.setup_seconds(160) == pytest.approx(160 * 0.05 / 16)  # the prior: 1/16 of a draft step

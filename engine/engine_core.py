@@ -29,7 +29,7 @@ from .runner import forward_sequences, padded_num_slots
 from .sampler import compute_logprobs
 from .sampling_params import InvalidParameterError, SamplingParams
 from .scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput
-from .spec_controller import Preview, SpeculationController, StepCostModel
+from .spec_controller import DraftCostProfile, Preview, SpeculationController, StepCostModel
 from .stats import EngineSnapshot, EngineStats, RequestTiming, StepRecord
 from .step_batch import Draft, RequestState, VerificationWindow, WindowBatch
 from .tokenizer import Tokenizer
@@ -116,7 +116,31 @@ class EngineCore:
             self.model, self.kv_cache, self.config.block_size, self.num_blocks, self.device, max_rows
         )
         ratio = self.proposer.step_weight_bytes() / max(1, module_bytes(self.model))
-        return SpeculationController(k_max, StepCostModel(curve, draft_cost_ratio=ratio))
+        return SpeculationController(
+            k_max, StepCostModel(curve, draft_cost_ratio=ratio, draft_profile=self._profile_proposer())
+        )
+
+    def _profile_proposer(self) -> DraftCostProfile | None:
+        """The proposer's own start-up timing (a plugin's: one that fails or returns something else is
+        logged and priced by its weight bytes instead, as a proposer that times nothing)."""
+        assert self.proposer is not None
+        try:
+            profile = self.proposer.profile_cost(self.config.max_batch_size)
+        except Exception as exc:  # noqa: BLE001 - a plugin's fault costs its price, not the server
+            logger.warning(
+                "proposer %s: profile_cost failed (%s); drafts priced by weight bytes",
+                self.proposer.name,
+                exc,
+            )
+            return None
+        if profile is not None and not isinstance(profile, DraftCostProfile):
+            logger.warning(
+                "proposer %s: profile_cost returned %s, not a DraftCostProfile; drafts priced by weight bytes",
+                self.proposer.name,
+                type(profile).__name__,
+            )
+            return None
+        return profile
 
     # --- requests ------------------------------------------------------------------------------
     def make_request(

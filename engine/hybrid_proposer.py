@@ -27,7 +27,7 @@ import torch
 
 from .proposer import ProposalRequest, Proposals, Proposer, ProposerContext
 from .request import Request
-from .spec_controller import Preview
+from .spec_controller import DraftCostProfile, Preview
 
 INITIAL_ACCEPTANCE = 0.5  # a proposer's acceptance rate before a request has tried it
 ACCEPTANCE_ALPHA = 0.3  # weight of the newest verification in a request's per-proposer rate
@@ -149,6 +149,20 @@ class HybridProposer(Proposer):
         for p in self.proposers:
             if p.kv_bytes_per_token() > 0:
                 p.bind_kv_cache(num_slots)
+
+    def profile_cost(self, max_requests: int) -> DraftCostProfile | None:
+        """The proposers that timed themselves, added up (a lookup times nothing: its drafts are
+        priced as free, Preview.free). None when none did, or when their counts differ."""
+        profiles = [p for p in (q.profile_cost(max_requests) for q in self.proposers) if p is not None]
+        if len(profiles) <= 1:
+            return profiles[0] if profiles else None
+        counts = {tuple(n for n, _ in p.step_seconds) for p in profiles}
+        if len(counts) != 1:
+            return None
+        steps = tuple(
+            (n, sum(p.step_seconds[i][1] for p in profiles)) for i, n in enumerate(next(iter(counts)))
+        )
+        return DraftCostProfile(steps, sum(p.catch_up_token_seconds for p in profiles))
 
     # --- lifecycle ----------------------------------------------------------------------------------
     def on_accepted(self, request: Request, num_accepted: int) -> None:

@@ -46,7 +46,7 @@ import torch
 from .proposer_registry import ProposerError as ProposerError  # defined torch-free, raised by plugins
 from .random_streams import RequestRandom
 from .request import Request
-from .spec_controller import Preview
+from .spec_controller import DraftCostProfile, Preview
 
 if TYPE_CHECKING:
     from .config import EngineConfig
@@ -138,6 +138,13 @@ class Proposer:
 
     def bind_kv_cache(self, num_slots: int) -> None:
         """Allocate the proposer's KV for `num_slots` slots (only called when kv_bytes_per_token > 0)."""
+
+    def profile_cost(self, max_requests: int) -> DraftCostProfile | None:
+        """Time a draft step (for 1..max_requests requests) and a catch-up token at start-up, after
+        `bind_kv_cache`, before any request: the speculation controller prices drafts at this until
+        it has timed real ones. None (the default): it prices them by `step_weight_bytes` instead.
+        A proposer that drafts without model work (a lookup) has nothing to time."""
+        return None
 
     # --- request lifecycle ---------------------------------------------------------------------
     def on_accepted(self, request: Request, num_accepted: int) -> None:

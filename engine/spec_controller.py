@@ -90,8 +90,10 @@ RESTART_FORWARDS = 3
 # for five steps of the Qwen pair's int4 0.5B draft); averaged in, every new request raised the
 # per-step price by a quarter for the next several steps.
 DRAFT_WINDOW = 9
-# Before a catch-up was measured, one token of it is priced at this share of a draft step (the Qwen
-# pair's int4 0.5B draft on its float path: 512 tokens 0.87 s, one step 0.046 s).
+# Before a catch-up was measured, and when the proposer timed none at start-up (DraftCostProfile), one
+# token of it is priced at this share of a draft step (the Qwen pair's int4 0.5B draft on its float
+# path on the AMX Xeon: 512 tokens 0.87 s, one step 0.046 s; on the AVX-512 Xeon a token cost 6-8 ms
+# against a 35-45 ms step, so the proposer's own timing is worth having).
 SETUP_TOKEN_PRIOR = 1 / 16
 SETUP_ALPHA = 0.2
 # A drafting step whose proposals fed at least this many catch-up tokens per drafting request teaches
@@ -243,6 +245,51 @@ def expected_tokens(rates: Sequence[float], k: int) -> float:
 
 
 # --- cost ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DraftCostProfile:
+    """A proposer's costs timed at start-up (`Proposer.profile_cost`), before any request: the price
+    of its draft steps and catch-ups until real ones were timed. Without it a draft step is priced
+    by the proposer's weight bytes over the target's and a catch-up token at SETUP_TOKEN_PRIOR of a
+    step: on the AVX-512 Xeon the Qwen pair's first catch-up (4 requests, 370 tokens) was priced
+    1.06 s and took 3.08 s, and 4-request draft steps were priced 55 ms and took 89 ms."""
+
+    step_seconds: tuple[tuple[int, float], ...]  # (requests, seconds of one draft step for them)
+    catch_up_token_seconds: float  # seconds per token the proposer feeds before it drafts
+
+    def __post_init__(self) -> None:
+        # A plugin's numbers: refused here, so a bad one is a clear error at start-up (the engine then
+        # prices as it would without a profile) and never a NaN in every step's decision.
+        points = [(int(n), float(t)) for n, t in self.step_seconds]
+        if not points or any(n < 1 or not 0.0 <= t < float("inf") for n, t in points):
+            raise ValueError(
+                f"a draft cost profile needs (requests >= 1, finite seconds >= 0) points: {points}"
+            )
+        if not 0.0 <= self.catch_up_token_seconds < float("inf"):
+            raise ValueError(
+                f"catch-up seconds per token must be finite and >= 0: {self.catch_up_token_seconds}"
+            )
+        object.__setattr__(self, "step_seconds", tuple(sorted(points)))
+
+    def step(self, num_requests: int) -> float:
+        """One draft step for `num_requests` requests: piecewise linear between the timed counts, flat
+        below the first, along the last segment beyond the last."""
+        return _interpolate(
+            [n for n, _ in self.step_seconds], [t for _, t in self.step_seconds], num_requests
+        )
+
+
+def _interpolate(xs: Sequence[int], ys: Sequence[float], x: int) -> float:
+    """Piecewise linear through points (xs sorted); flat below the first; beyond the last, its
+    segment's slope (a single point: proportional)."""
+    if x <= xs[0] or len(xs) == 1:
+        return ys[0] if x <= xs[0] else ys[0] * x / xs[0]
+    i = bisect.bisect_left(xs, x)
+    if i == len(xs):
+        return ys[-1] + max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])) * (x - xs[-1])
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
 @dataclass
 class _Calibration:
     """measured ~= slope * profiled + offset: the slope fitted to recent forwards (exponentially
@@ -338,16 +385,23 @@ class _Realized:
 class StepCostModel:
     """Seconds per step = target(num_sequences, num_tokens) + draft(num_requests, num_steps) + overhead."""
 
-    def __init__(self, target_curve: Sequence[tuple[int, float]], draft_cost_ratio: float = 0.0):
+    def __init__(
+        self,
+        target_curve: Sequence[tuple[int, float]],
+        draft_cost_ratio: float = 0.0,
+        draft_profile: DraftCostProfile | None = None,
+    ):
         """target_curve: (tokens in one forward, seconds), from a profile; draft_cost_ratio: the
         proposer's cost per draft step as a fraction of the target's step at the same batch size
-        before any measurement (its weights over the target's: 0 for n-gram lookup)."""
+        before any measurement (its weights over the target's: 0 for n-gram lookup), used when the
+        proposer timed nothing at start-up (`draft_profile`)."""
         points = sorted((max(1, int(n)), max(0.0, float(s))) for n, s in target_curve)
         if not points:
             raise ValueError("the target cost curve needs at least one point")
         self._xs = [n for n, _ in points]
         self._ys = [s for _, s in points]
         self.draft_cost_ratio = draft_cost_ratio
+        self.draft_profile = draft_profile
         self._calibration: dict[tuple[int, bool, bool], _Calibration] = {}  # see _calibration_key
         self._forwards: dict[int, int] = {}  # batch bucket -> decode forwards measured (plain_is_stale)
         self._draft_steps: dict[int, deque[float]] = {}  # batch bucket -> recent seconds per draft step
@@ -360,15 +414,7 @@ class StepCostModel:
     def curve(self, num_tokens: int) -> float:
         """The profiled forward cost, piecewise linear; flat below the first point, the last
         segment's slope beyond the last."""
-        xs, ys = self._xs, self._ys
-        if num_tokens <= xs[0] or len(xs) == 1:
-            return ys[0] if num_tokens <= xs[0] else ys[0] * num_tokens / xs[0]
-        i = bisect.bisect_left(xs, num_tokens)
-        if i == len(xs):
-            slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
-            return ys[-1] + slope * (num_tokens - xs[-1])
-        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        return y0 + (y1 - y0) * (num_tokens - x0) / (x1 - x0)
+        return _interpolate(self._xs, self._ys, num_tokens)
 
     def target_seconds(self, num_sequences: int, num_tokens: int) -> float:
         profiled = self.curve(num_tokens)
@@ -423,14 +469,19 @@ class StepCostModel:
         if num_tokens <= 0:
             return 0.0
         per_token = self._setup_token
+        if per_token is None and self.draft_profile is not None:
+            per_token = self.draft_profile.catch_up_token_seconds
         if per_token is None:
             per_token = SETUP_TOKEN_PRIOR * self.draft_step_seconds(1)
         return num_tokens * per_token
 
     def draft_step_seconds(self, num_requests: int) -> float:
-        """One draft step for `num_requests` requests: measured, or from the weight ratio before."""
+        """One draft step for `num_requests` requests: measured, or before that the start-up profile's
+        price, or the weight ratio's."""
         recent = self._draft_steps.get(_bucket(num_requests))
         if not recent:
+            if self.draft_profile is not None:
+                return self.draft_profile.step(num_requests)
             return self.draft_cost_ratio * self.target_seconds(num_requests, num_requests)
         return statistics.median(recent)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from specserve.engine.builder import load_model
+from specserve.engine.cost_profile import profile_draft_cost
 from specserve.engine.memory import module_bytes
 from specserve.engine.proposer import ProposalRequest, Proposals, Proposer, ProposerContext, ProposerError
 from specserve.engine.random_streams import Purpose, RequestRandom
@@ -19,7 +20,7 @@ from specserve.engine.request import Request
 from specserve.engine.row_routed_linear import float_copy_bytes
 from specserve.engine.runner import SequenceInput, forward_sequences
 from specserve.engine.sampler import logits_to_probs
-from specserve.engine.spec_controller import Preview
+from specserve.engine.spec_controller import DraftCostProfile, Preview
 from specserve.engine.tokenizer import Tokenizer
 
 
@@ -48,6 +49,7 @@ class DraftModelProposer(Proposer):
         self.target_vocab = ctx.vocab_size
         _check_same_vocabulary(ctx.extra.get("tokenizer"), Tokenizer(loaded.directory), spec.model_path)
         self.kv_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._num_blocks = 0  # blocks of the bound KV cache
         # request id -> tokens [0, n) of the request are in the draft KV cache
         self._num_cached: dict[str, int] = {}
 
@@ -64,6 +66,12 @@ class DraftModelProposer(Proposer):
 
     def bind_kv_cache(self, num_slots: int) -> None:
         self.kv_cache = self.model.allocate_kv_cache(num_slots, self.dtype, self.device)
+        self._num_blocks = num_slots // self.block_size
+
+    def profile_cost(self, max_requests: int) -> DraftCostProfile:
+        return profile_draft_cost(
+            self.model, self.kv_cache, self.block_size, self._num_blocks, self.device, max_requests
+        )
 
     def preview(self, request: Request, max_drafts: int) -> Preview:
         """A model cannot tell its proposal for free, but it can tell what it must first feed: the

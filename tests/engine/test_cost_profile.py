@@ -73,3 +73,28 @@ def test_monotone():
         (3, 2.0),
         (4, 4.0),
     ]
+
+
+class RowsMachine(SimulatedMachine):
+    """Forwards cost 10 ms plus 2 ms per sequence plus 1 ms per token (no spell)."""
+
+    def __init__(self):
+        super().__init__(spell=range(0), slowdown=0.0)
+
+    def forward(self, model, kv_cache, seqs, block_size, device) -> torch.Tensor:
+        self.now += 0.010 + 0.002 * len(seqs) + 0.001 * sum(len(s.token_ids) for s in seqs)
+        self.forwards += 1
+        return torch.zeros(1)
+
+
+def test_the_draft_profile_times_a_step_per_request_count_and_a_catch_up_per_token(monkeypatch):
+    machine = RowsMachine()
+    monkeypatch.setattr(cost_profile.time, "perf_counter", machine.perf_counter)
+    monkeypatch.setattr(cost_profile, "forward_sequences", machine.forward)
+    profile = cost_profile.profile_draft_cost(_Model(), None, 16, 64, torch.device("cpu"), max_requests=6)
+    assert [n for n, _ in profile.step_seconds] == [1, 2, 4]  # counts beyond the batch cap are not timed
+    for n, seconds in profile.step_seconds:
+        assert seconds == pytest.approx(0.010 + 0.003 * n)
+    assert profile.step(3) == pytest.approx(0.019)
+    tokens = cost_profile.CATCH_UP_PROFILE_TOKENS
+    assert profile.catch_up_token_seconds == pytest.approx((0.012 + 0.001 * tokens) / tokens)

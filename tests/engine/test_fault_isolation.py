@@ -63,3 +63,25 @@ def test_padding_reads_a_reserved_zero_slot(tiny_llama_dir):
     k_cache = core.kv_cache[0][0]
     assert k_cache.shape[0] == num_slots + 1
     assert torch.count_nonzero(k_cache[num_slots]) == 0
+
+
+def test_a_draft_model_times_itself_at_start_up_and_a_failing_profile_only_loses_its_price(
+    tiny_llama_dir, tiny_draft_dir, monkeypatch, caplog
+):
+    from specserve.plugins.draft_model import DraftModelProposer
+
+    llm = make_llm(tiny_llama_dir, speculative_method="draft_model", draft_model_path=str(tiny_draft_dir))
+    profile = llm.engine.controller.cost.draft_profile
+    assert profile is not None and profile.catch_up_token_seconds > 0
+    assert [n for n, _ in profile.step_seconds][0] == 1 and all(t > 0 for _, t in profile.step_seconds)
+
+    def broken(self, max_requests):
+        raise RuntimeError("no clock here")
+
+    monkeypatch.setattr(DraftModelProposer, "profile_cost", broken)
+    with caplog.at_level("WARNING", logger="specserve.engine"):
+        llm = make_llm(tiny_llama_dir, speculative_method="draft_model", draft_model_path=str(tiny_draft_dir))
+    assert llm.engine.controller.cost.draft_profile is None
+    assert "profile_cost failed (no clock here)" in caplog.text
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, speculative_policy="adaptive")
+    assert len(llm.generate(["a b c"], params, use_chat_template=False)[0].token_ids) == 6

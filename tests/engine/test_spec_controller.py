@@ -22,6 +22,7 @@ from specserve.engine.spec_controller import (
     STALE_FORWARDS,
     AcceptanceModel,
     Candidate,
+    DraftCostProfile,
     GainCalibration,
     Preview,
     SpeculationController,
@@ -698,6 +699,44 @@ def test_catch_up_price_is_learned_from_drafting_steps():
     cost.observe_draft(1, 2, 0.1 + 0.4, setup_tokens=200)  # and a catch-up of 200 tokens: 2 ms each
     assert cost.setup_seconds(100) == pytest.approx(0.2)
     assert cost.draft_seconds(1, 1) == pytest.approx(0.05)  # the step price is unmoved by it
+
+
+def test_a_draft_profile_prices_draft_steps_and_catch_ups_until_they_are_timed():
+    """The weight-bytes ratio priced the Qwen pair's int4 draft steps at 4 requests 55 ms where they
+    took 89 ms, and the catch-up prior (1/16 of a step a token) priced its first catch-up 1.06 s where
+    it took 3.08 s (AVX-512 Xeon). The proposer's start-up timing is the price until real steps are
+    timed, per batch bucket."""
+    cost = StepCostModel([(1, 0.3), (64, 0.3)], draft_cost_ratio=0.1)
+    assert cost.draft_seconds(4, 1) == pytest.approx(0.03)  # without a profile: the weight ratio
+    profiled = StepCostModel(
+        [(1, 0.3), (64, 0.3)],
+        draft_cost_ratio=0.1,
+        draft_profile=DraftCostProfile(((1, 0.04), (4, 0.07)), 0.008),
+    )
+    assert profiled.draft_seconds(1, 2) == pytest.approx(0.08)
+    assert profiled.draft_seconds(2, 1) == pytest.approx(0.05)  # between the timed counts
+    assert profiled.setup_seconds(100) == pytest.approx(0.8)
+    assert profiled.probe_seconds(1, 1, setup_tokens=100) == pytest.approx(0.04 + 0.8)  # flat rows
+    profiled.observe_draft(1, 2, 0.06)  # real steps of one request: 30 ms
+    assert profiled.draft_seconds(1, 1) == pytest.approx(0.03)
+    assert profiled.draft_seconds(4, 1) == pytest.approx(0.07)  # another bucket: still the profile
+    profiled.observe_draft(1, 1, 0.03 + 0.2, setup_tokens=100)  # a catch-up timed: 2 ms a token
+    assert profiled.setup_seconds(100) == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(
+    "steps, per_token",
+    [
+        ((), 0.001),
+        (((0, 0.01),), 0.001),
+        (((1, float("nan")),), 0.001),
+        (((1, -0.01),), 0.001),
+        (((1, 0.01),), float("inf")),
+    ],
+)
+def test_a_draft_profile_with_numbers_no_price_can_come_from_is_refused(steps, per_token):
+    with pytest.raises(ValueError):
+        DraftCostProfile(steps, per_token)
 
 
 def test_a_first_drafting_step_that_catches_up_is_not_taken_for_a_draft_step():

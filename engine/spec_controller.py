@@ -605,6 +605,12 @@ class StepCostModel:
             return None
         return max(1.0, plain_rate / drafted_rate)
 
+    def drafting_timed(self, num_sequences: int) -> bool:
+        """Whether decode steps with drafts were timed REALIZED_MIN_STEPS times at this batch size (the
+        realized-goodput record, `shortfall`): their price then rests on steps of this size."""
+        kinds = self._realized.get(_bucket(num_sequences))
+        return kinds is not None and kinds[1].trusted_once
+
     def observe_overhead(self, seconds: float) -> None:
         self.overhead_seconds += OVERHEAD_ALPHA * (max(0.0, seconds) - self.overhead_seconds)
 
@@ -851,6 +857,24 @@ class SpeculationController:
                         together, plan = without, fewer
             if plan[0] > best:
                 best, best_n, order = plan
+        # A catch-up is paid now and earns its price back over the request's drafting steps, so it is
+        # only as good as the price of those steps. Until drafting steps of this batch size were timed
+        # (StepCostModel.drafting_timed) that price rests on the profile's shape, one sequence's: at
+        # 16 Qwen-pair sequences on the AVX-512 Xeon, 11 requests caught up on 601 tokens in one step
+        # (10.7 s), the next drafting step took 4.8 s where 3.0 s was predicted, drafting stopped, and
+        # the catch-ups were never paid back (the session before saw 12 in one step, 6.6 s). There, a
+        # step takes one catch-up at most: the one the plan gains most with, the others wait (and
+        # probes, which pay their own catch-ups, bring requests in one at a time meanwhile).
+        if not self.cost.drafting_timed(num_sequences):
+            paying = [rid for rid in catch_ups if any(sl[2] == rid for sl in order[:best_n])]
+            if len(paying) > 1:
+                best, best_n, order = max(
+                    (
+                        best_plan([sl for sl in order if sl[2] == keep or sl[2] not in paying])
+                        for keep in paying
+                    ),
+                    key=lambda b: b[0],
+                )
         # A thin margin may rest on a stale plain price (StepCostModel.plain_is_stale), and any margin
         # on a plain price never measured: one step without drafts measures it. Only a step that is
         # plain without them does.

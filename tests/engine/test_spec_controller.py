@@ -18,10 +18,12 @@ from specserve.engine.spec_controller import (
     MIN_GAIN,
     MIN_GAIN_CALIBRATION,
     PROBE_BUDGET,
+    REALIZED_MIN_STEPS,
     RESTART_FORWARDS,
     STALE_FORWARDS,
     AcceptanceModel,
     Candidate,
+    Decision,
     DraftCostProfile,
     GainCalibration,
     Preview,
@@ -671,6 +673,8 @@ def test_catch_ups_are_judged_with_the_draft_step_they_share(share_of_break_even
     names, tokens_left = "abcd", 40
     for rid in names:
         teach(ctrl, rid, 0.8)
+    while not ctrl.cost.drafting_timed(4):  # drafting steps of 4 sequences were timed (see the next test)
+        ctrl.observe_step(4, drafted=True, tokens=12, seconds=0.03)
     cost, acceptance = ctrl.cost, ctrl.acceptance
     rates = acceptance.rates("a", acceptance.global_rate(None), None)
     bar = ctrl.required_gain(4) * 4 / cost.step_seconds(4, 4, 0, 0)  # tokens/s drafting must beat
@@ -690,6 +694,38 @@ def test_catch_ups_are_judged_with_the_draft_step_they_share(share_of_break_even
         assert all(d.k[rid] > 0 for rid in names) and d.setup_tokens == 4 * catch_up, d.k
     else:
         assert not any(d.k.values()), d.k
+
+
+def test_until_drafting_steps_of_a_batch_size_were_timed_a_step_takes_one_catch_up():
+    """A catch-up is paid back over drafting steps whose price, before any was timed at this batch
+    size, is the profile's guess: at 16 Qwen-pair sequences 11 catch-ups in one step (10.7 s) were
+    never paid back when the drafting steps proved 60% dearer than predicted. One catch-up a step
+    until drafting steps of that size were timed; then they come in together."""
+    ctrl = controller(FLAT, draft_ratio=0.05)  # one request drafting alone pays here
+    for rid in "abcd":
+        teach(ctrl, rid, 0.8)
+    catch_up = 100
+
+    def step() -> Decision:
+        candidates = [Candidate(rid, K_MAX, setup_tokens=catch_up, tokens_left=400) for rid in "abcd"]
+        return ctrl.choose(candidates, num_sequences=4, base_tokens=4, token_budget=64)
+
+    first = step()
+    assert sum(1 for k in first.k.values() if k > 0) == 1 and first.setup_tokens == catch_up, first.k
+    timed = 0
+    while not ctrl.cost.drafting_timed(4):
+        assert step().setup_tokens == catch_up  # not yet
+        ctrl.observe_step(4, drafted=True, tokens=12, seconds=0.03)
+        timed += 1
+    assert timed >= REALIZED_MIN_STEPS
+    later = step()
+    assert all(k > 0 for k in later.k.values()) and later.setup_tokens == 4 * catch_up, later.k
+    assert (
+        ctrl.choose(  # another batch size has no record of its own
+            [Candidate(rid, K_MAX, setup_tokens=catch_up, tokens_left=400) for rid in "abcdefgh"], 8, 8, 64
+        ).setup_tokens
+        == catch_up
+    )
 
 
 def test_catch_up_price_is_learned_from_drafting_steps():

@@ -12,7 +12,8 @@ Pure Python (no torch): the scheduler calls it. Three parts, each replaceable on
   large batches), calibrated online per batch-size bucket from measured forwards (the machine's
   speed drifts, and a batch of many short sequences is not one long one) as a slope and an offset,
   so that what one more row adds is measured too. The proposer's cost per
-  draft step is learned online per batch-size bucket, and a fixed per-step overhead too.
+  draft step and per catch-up token starts from its own start-up timing (`DraftCostProfile`) and is
+  learned online per batch-size bucket, and a fixed per-step overhead too.
 - `SpeculationController.choose`: the k vector that maximises expected emitted tokens per second of
   step time (goodput) under the token budget. k = 0 for a request, or the whole batch, when drafting
   does not pay. A request that is not drafting keeps learning: when its proposer previews the tokens

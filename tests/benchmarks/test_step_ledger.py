@@ -46,3 +46,34 @@ def test_unknown_mode_is_a_one_line_error(tiny_llama_dir, tmp_path, capsys):
         assert "--modes takes off, static, adaptive" in str(exc)
     else:
         raise AssertionError("an unknown mode was accepted")
+
+
+def test_admit_per_step_prefills_arriving_prompts_in_steps_of_their_own(tiny_llama_dir, tmp_path):
+    """All at once, a free slot's prompts share one prefill step; one per step (as served requests
+    arrive), every prompt starts in a step of its own."""
+    prefill_steps = {}
+    for admit in (0, 1):
+        out = tmp_path / f"admit{admit}"
+        args = ["--model-path", str(tiny_llama_dir), "--quantization-encoding", "float32"]
+        args += ["--modes", "off", "--concurrency", "3", "--requests", "3", "--max-tokens", "6"]
+        args += ["--categories", "qa", "--max-length", "512", "--max-kv-cache-tokens", "4096"]
+        args += ["--admit-per-step", str(admit), "--output-dir", str(out), "--no-progress", "--no-plots"]
+        assert step_ledger.main(args) == 0
+        report = json.loads((out / "step_ledger.json").read_text())
+        assert report["config"]["admit_per_step"] == admit
+        (cell,) = report["cells"]
+        assert cell["tokens"] == 3 * 6
+        prefill_steps[admit] = cell["ledger"]["prefill"]["steps"]
+    assert prefill_steps == {0: 1, 1: 3}
+    if admit:
+        assert "at most 1 admitted per step" in (out / "step_ledger.md").read_text()
+
+
+def test_negative_admit_per_step_is_a_one_line_error(tiny_llama_dir, tmp_path):
+    args = ["--model-path", str(tiny_llama_dir), "--admit-per-step", "-1", "--output-dir", str(tmp_path)]
+    try:
+        step_ledger.main(args)
+    except SystemExit as exc:
+        assert "--admit-per-step must be 0 (all at once) or positive" in str(exc)
+    else:
+        raise AssertionError("a negative --admit-per-step was accepted")

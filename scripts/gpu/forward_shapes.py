@@ -32,19 +32,7 @@ def sync():
 
 
 def main():
-    target = Path("/tmp/gpu-models/target")
-    g.build(target, "target", 0)
-    from specserve.engine import LLM
-
-    llm = LLM(
-        str(target),
-        devices=g.DEVICE,
-        quantization_encoding="bfloat16",
-        max_length=4096,
-        max_kv_cache_tokens=65536,
-        speculative_method="ngram",
-        max_batch_size=32,
-    )
+    llm = g.ngram_target_engine()
     e = llm.engine
     bs = e.config.block_size
 

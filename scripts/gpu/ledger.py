@@ -74,6 +74,23 @@ def build(directory: Path, role: str, seed: int) -> None:
     del model
 
 
+def ngram_target_engine():
+    """The random 1.5B-shaped target with n-gram speculation (steps.py, forward_shapes.py)."""
+    from specserve.engine import LLM
+
+    target = Path("/tmp/gpu-models/target")
+    build(target, "target", 0)
+    return LLM(
+        str(target),
+        devices=DEVICE,
+        quantization_encoding="bfloat16",
+        max_length=4096,
+        max_kv_cache_tokens=65536,
+        speculative_method="ngram",
+        max_batch_size=32,
+    )
+
+
 def smoke() -> dict:
     """The CUDA path's lossless check first: a tiny float32 target, greedy, speculation on (static K=4,
     n-gram and a noisy-copy draft) against off, token for token."""

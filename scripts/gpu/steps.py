@@ -17,19 +17,7 @@ from specserve.benchmarks.step_ledger import _arms, run_cell
 
 def main():
     g.OUT.mkdir(parents=True, exist_ok=True)
-    target = Path("/tmp/gpu-models/target")
-    g.build(target, "target", 0)
-    from specserve.engine import LLM
-
-    llm = LLM(
-        str(target),
-        devices=g.DEVICE,
-        quantization_encoding="bfloat16",
-        max_length=4096,
-        max_kv_cache_tokens=65536,
-        speculative_method="ngram",
-        max_batch_size=32,
-    )
+    llm = g.ngram_target_engine()
     prompts = [
         llm.tokenizer.apply_chat_template(p.messages) for p in g.load_prompts(g.parse_categories(None))
     ]

@@ -74,21 +74,25 @@ def build(directory: Path, role: str, seed: int) -> None:
     del model
 
 
+def engine_kwargs(method: str) -> dict:
+    """The LLM settings every device engine here shares (bf16, 32 sequences, a 64k-token cache)."""
+    return dict(
+        devices=DEVICE,
+        quantization_encoding="bfloat16",
+        max_length=4096,
+        max_kv_cache_tokens=65536,
+        speculative_method=method,
+        max_batch_size=32,
+    )
+
+
 def ngram_target_engine():
     """The random 1.5B-shaped target with n-gram speculation (steps.py, forward_shapes.py)."""
     from specserve.engine import LLM
 
     target = Path("/tmp/gpu-models/target")
     build(target, "target", 0)
-    return LLM(
-        str(target),
-        devices=DEVICE,
-        quantization_encoding="bfloat16",
-        max_length=4096,
-        max_kv_cache_tokens=65536,
-        speculative_method="ngram",
-        max_batch_size=32,
-    )
+    return LLM(str(target), **engine_kwargs("ngram"))
 
 
 def smoke() -> dict:
@@ -170,67 +174,56 @@ def main() -> None:
 def run_method(method, results, target, draft, concurrencies) -> None:
     from specserve.engine import LLM
 
-    if True:
-        kwargs = dict(
-            devices=DEVICE,
-            quantization_encoding="bfloat16",
-            max_length=4096,
-            max_kv_cache_tokens=65536,
-            speculative_method=method,
-            max_batch_size=32,
-        )
-        if method != "ngram":
-            kwargs.update(draft_model_path=str(draft), draft_quantization_encoding="bfloat16")
-        t0 = time.perf_counter()
-        llm = LLM(str(target), **kwargs)
-        log(method, "engine up in", round(time.perf_counter() - t0, 1), "s")
-        prompts = [
-            llm.tokenizer.apply_chat_template(p.messages) for p in load_prompts(parse_categories(None))
-        ]
-        arms = _arms(["off", "static", "adaptive"], 5)
-        for arm in arms:
-            run_cell(llm, prompts[:1], arm.runner, concurrency=1, requests=1, max_tokens=8)
-        cost = llm.engine.controller.cost
-        results["curves"][method] = {
-            "target": [[n, cost.curve(n)] for n in (1, 2, 4, 8, 16, 32, 64, 128, 192, 256)],
-            "draft_profile": repr(cost.draft_profile),
-        }
-        for c in concurrencies:
-            for arm in arms[c % 3 :] + arms[: c % 3]:
-                if time.perf_counter() - START > BUDGET:
-                    log("budget spent; skipping", method, c, arm.name)
-                    continue
-                n = max(4, 2 * c)
-                cell = run_cell(llm, prompts, arm.runner, c, n, 64)
-                row = {
-                    "method": method,
-                    "concurrency": c,
-                    "mode": arm.name,
-                    "seconds": cell["seconds"],
-                    "tokens": cell["tokens"],
-                    "tok_s": cell["tokens"] / cell["seconds"],
-                    "ledger": ledger(cell["steps"]),
-                }
-                decode = [s for s in cell["steps"] if not s.prefill_tokens]
-                row["mean_k"] = sum(s.draft_tokens for s in decode) / max(
-                    1, sum(s.num_sequences for s in decode)
-                )
-                results["cells"].append(row)
-                log(
-                    method,
-                    f"c={c}",
-                    arm.name,
-                    f"{row['tok_s']:.1f} tok/s",
-                    f"{cell['seconds']:.1f}s",
-                    f"mean k {row['mean_k']:.2f}",
-                )
-                (OUT / "gpu_ledger.json").write_text(json.dumps(results, indent=1, default=str))
-        results["curves"][method]["target_after"] = [
-            [n, cost.target_seconds(min(n, 32), n)] for n in (1, 2, 4, 8, 16, 32, 64, 128, 192)
-        ]
-        (OUT / "gpu_ledger.json").write_text(json.dumps(results, indent=1, default=str))
-        del llm
-        torch.cuda.empty_cache() if not TINY else None
+    kwargs = engine_kwargs(method)
+    if method != "ngram":
+        kwargs.update(draft_model_path=str(draft), draft_quantization_encoding="bfloat16")
+    t0 = time.perf_counter()
+    llm = LLM(str(target), **kwargs)
+    log(method, "engine up in", round(time.perf_counter() - t0, 1), "s")
+    prompts = [llm.tokenizer.apply_chat_template(p.messages) for p in load_prompts(parse_categories(None))]
+    arms = _arms(["off", "static", "adaptive"], 5)
+    for arm in arms:
+        run_cell(llm, prompts[:1], arm.runner, concurrency=1, requests=1, max_tokens=8)
+    cost = llm.engine.controller.cost
+    results["curves"][method] = {
+        "target": [[n, cost.curve(n)] for n in (1, 2, 4, 8, 16, 32, 64, 128, 192, 256)],
+        "draft_profile": repr(cost.draft_profile),
+    }
+    for c in concurrencies:
+        for arm in arms[c % 3 :] + arms[: c % 3]:
+            if time.perf_counter() - START > BUDGET:
+                log("budget spent; skipping", method, c, arm.name)
+                continue
+            n = max(4, 2 * c)
+            cell = run_cell(llm, prompts, arm.runner, c, n, 64)
+            row = {
+                "method": method,
+                "concurrency": c,
+                "mode": arm.name,
+                "seconds": cell["seconds"],
+                "tokens": cell["tokens"],
+                "tok_s": cell["tokens"] / cell["seconds"],
+                "ledger": ledger(cell["steps"]),
+            }
+            decode = [s for s in cell["steps"] if not s.prefill_tokens]
+            row["mean_k"] = sum(s.draft_tokens for s in decode) / max(1, sum(s.num_sequences for s in decode))
+            results["cells"].append(row)
+            log(
+                method,
+                f"c={c}",
+                arm.name,
+                f"{row['tok_s']:.1f} tok/s",
+                f"{cell['seconds']:.1f}s",
+                f"mean k {row['mean_k']:.2f}",
+            )
+            (OUT / "gpu_ledger.json").write_text(json.dumps(results, indent=1, default=str))
+    results["curves"][method]["target_after"] = [
+        [n, cost.target_seconds(min(n, 32), n)] for n in (1, 2, 4, 8, 16, 32, 64, 128, 192)
+    ]
+    (OUT / "gpu_ledger.json").write_text(json.dumps(results, indent=1, default=str))
+    del llm
+    if not TINY:
+        torch.cuda.empty_cache()
 
 
 def summary(results) -> None:

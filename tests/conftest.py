@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny_models import build_tiny_model  # noqa: E402
+from tiny_models import build_tiny_model, perturb_weights  # noqa: E402
 
 # After pytest is done (its own cleanup, which collects garbage to report unraisable exceptions, has
 # run): freeze the heap so the interpreter's final collection does not walk everything torch built.
@@ -34,14 +34,8 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
 
 
 def _noisy_copy_of_target(path: Path, noise: float) -> Path:
-    import torch
-
     model = build_tiny_model(path, "llama", seed=0)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.add_(torch.randn(p.shape, generator=g) * noise)
+    perturb_weights(model, noise)
     model.save_pretrained(path)
     return path
 

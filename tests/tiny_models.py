@@ -114,6 +114,16 @@ def build_tiny_model(
     return model
 
 
+def perturb_weights(model, noise: float, seed: int = 1) -> None:
+    """Add Gaussian noise (std `noise`) to every weight but the norms', in place: a copy of a tiny
+    target that agrees with it often, not always (a draft for the speculation tests)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.add_(torch.randn(p.shape, generator=g) * noise)
+
+
 def make_llm(model_dir: Path, **kwargs):
     """An LLM on a tiny model in float32 with a fixed, small KV cache (not sized from memory)."""
     from specserve.engine import LLM

@@ -98,18 +98,14 @@ def ngram_target_engine():
 def smoke() -> dict:
     """The CUDA path's lossless check first: a tiny float32 target, greedy, speculation on (static K=4,
     n-gram and a noisy-copy draft) against off, token for token."""
-    from tiny_models import build_tiny_model, mixed_prompts
+    from tiny_models import build_tiny_model, mixed_prompts, perturb_weights
 
     from specserve.engine import LLM, SamplingParams
 
     tiny = Path("/tmp/gpu-models/tiny")
     model = build_tiny_model(tiny, "qwen2", seed=0)
     noisy = Path("/tmp/gpu-models/tiny-draft")
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.add_(torch.randn(p.shape, generator=g) * 0.04)
+    perturb_weights(model, 0.04)
     model.save_pretrained(noisy)
     build_tokenizer(noisy, vocab_size=320)
     prompts = mixed_prompts(12)

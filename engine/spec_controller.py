@@ -36,6 +36,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .catch_up_payback import CatchUpPayback
+
 # Pseudo-observations the global estimate is worth inside a request's pooled estimate, and the
 # pooled estimate inside each position's.
 PRIOR_WEIGHT = 2.0
@@ -649,7 +651,8 @@ class Preview:
     free: bool = False
     # Tokens the proposer must feed before it can draft for the request: a draft model catching up on
     # what it has not seen (the prompt, the first time; everything since, after steps without drafts).
-    # Priced once, spread over the drafting steps the request has left: at 8-32 clients the Qwen
+    # Priced once, spread over the drafting steps the request has left (at most the tokens requests
+    # caught up at this batch size went on to draft, CatchUpPayback): at 8-32 clients the Qwen
     # pair's requests drafted now and then, and each time their draft caught up on hundreds of tokens
     # for one or two drafts, in a step that held every other request too (ITL p99 4-11 s vs 0.4-8 s).
     setup_tokens: int = 0
@@ -686,10 +689,12 @@ class _CatchUp:
     that paid (2.1-2.5 tokens). A Qwen-pair request with that prompt ran 23 plain steps, then a probe
     caught up and its drafts were accepted at 0.96 (47 tokens in 13.6 s); charged by the drafts
     weighed, it drafted from its first decode step (11.5 s, in a slower spell of the machine;
-    AVX-512 Xeon, one client)."""
+    AVX-512 Xeon, one client). `tokens_left` is the most the request can pay it back with: its tokens
+    left, or fewer where catch-ups at this batch size were followed by fewer drafted tokens
+    (CatchUpPayback)."""
 
     seconds: float
-    tokens_left: int
+    tokens_left: float
 
     def charge(self, expected_tokens: float) -> float:
         return self.seconds * min(1.0, expected_tokens / self.tokens_left)
@@ -732,6 +737,7 @@ class SpeculationController:
         # proposals (False) and free ones (True); and this step's chosen requests' rates to judge.
         self.gain_calibration = {False: GainCalibration(), True: GainCalibration()}
         self._chosen: dict[str, tuple[list[float], bool]] = {}
+        self.payback = CatchUpPayback()
 
     def choose(
         self,
@@ -794,7 +800,7 @@ class SpeculationController:
         # A catch-up of a few tokens is the proposal's own first forward (what the last step
         # accepted), already in a draft step's price.
         catch_ups = {
-            c.request_id: self._catch_up(c)
+            c.request_id: self._catch_up(c, num_sequences)
             for c in candidates
             if c.setup_tokens >= SETUP_MIN_TOKENS and not c.static and c.request_id not in free
         }
@@ -895,6 +901,10 @@ class SpeculationController:
         self._chosen = {rid: (rates[rid], rid in free) for rid in chosen}
 
         probed = [] if refresh else self._probe(candidates, k, num_sequences, base_tokens, free)
+        for c in candidates:  # probes' catch-ups too: drafting may go on after them, for free
+            caught_up = c.setup_tokens >= SETUP_MIN_TOKENS and c.request_id not in free
+            if caught_up and k[c.request_id] > 0 and not c.static:
+                self.payback.caught_up(c.request_id, _bucket(num_sequences))
         setup = sum(c.setup_tokens for c in candidates if k[c.request_id] > 0 and c.request_id not in free)
         seconds = self.step_seconds(num_sequences, base_tokens, k, free) + self.cost.setup_seconds(setup)
         predicted = sum(
@@ -904,8 +914,12 @@ class SpeculationController:
         static = any(c.static and k[c.request_id] > 0 for c in candidates)
         return Decision(k, predicted, seconds, probed, free, setup, static)
 
-    def _catch_up(self, c: Candidate) -> _CatchUp:
-        return _CatchUp(self.cost.setup_seconds(c.setup_tokens), max(1, c.tokens_left or 1))
+    def _catch_up(self, c: Candidate, num_sequences: int) -> _CatchUp:
+        tokens_left: float = max(1, c.tokens_left or 1)
+        horizon = self.payback.horizon(_bucket(num_sequences))
+        if horizon is not None:
+            tokens_left = max(1.0, min(tokens_left, horizon))
+        return _CatchUp(self.cost.setup_seconds(c.setup_tokens), tokens_left)
 
     def step_seconds(
         self, num_sequences: int, base_tokens: int, k: dict[str, int], free: frozenset[str] = frozenset()
@@ -1003,6 +1017,7 @@ class SpeculationController:
         previewed = self._previewed.pop(request_id, ())
         chosen = self._chosen.pop(request_id, None)
         if num_drafts > 0:
+            self.payback.drafted(request_id, len(emitted) if emitted else num_accepted + 1)
             if chosen is not None:  # the controller's own choice (not a probe, not a static cap)
                 rates, free = chosen
                 self.gain_calibration[free].observe(expected_tokens(rates, num_drafts) - 1.0, num_accepted)
@@ -1033,3 +1048,4 @@ class SpeculationController:
         self._previewed.pop(request_id, None)
         self._shadows.pop(request_id, None)
         self._chosen.pop(request_id, None)
+        self.payback.finished(request_id)

@@ -20,6 +20,7 @@ from specserve.engine.spec_controller import (
     PROBE_BUDGET,
     REALIZED_MIN_STEPS,
     RESTART_FORWARDS,
+    SETUP_MIN_TOKENS,
     STALE_FORWARDS,
     AcceptanceModel,
     Candidate,
@@ -661,6 +662,48 @@ def test_a_catch_up_is_charged_by_the_drafts_weighed_not_the_most_a_request_coul
     assert k_with_catch_up(1.1 * break_even) == 0
 
 
+def test_a_catch_up_is_spread_over_the_tokens_caught_up_requests_went_on_to_draft():
+    """Charged over a request's tokens left, a catch-up assumes the request drafts until it ends. At
+    8 Qwen-pair clients drafting stopped a few steps after the catch-ups (0.92x of off, served).
+    Once requests that caught up at a batch size are seen to draft only so many tokens more, a
+    catch-up there is spread over those tokens: just under that break-even it is drafted, just over
+    it not, whatever the request's tokens left; another batch size keeps its own record."""
+    ctrl = controller(FLAT, draft_ratio=0.4)  # a verification: 10 ms whatever its rows; a draft step: 4 ms
+    for i in range(40):  # one-draft verifications, 4 in 5 accepted
+        ctrl.observe_verification("a", 1, int(i % 5 != 0))
+    per_token = ctrl.cost.setup_seconds(1)
+
+    def break_even(tokens_left: float) -> float:
+        """The most catch-up seconds S the best k pays back: E_k / (t_k + S E_k / L) = bar."""
+        rates = ctrl.acceptance.rates("a", ctrl.acceptance.global_rate(None), None)
+        bar = ctrl.required_gain(1) / ctrl.cost.step_seconds(1, 1, 0, 0)
+        tokens = {k: expected_tokens(rates, k) for k in range(1, K_MAX + 1)}
+        return max(
+            tokens_left * (tokens[k] / bar - ctrl.cost.step_seconds(1, 1 + k, 1, k)) / tokens[k]
+            for k in tokens
+        )
+
+    def k_with_catch_up(seconds: float, rid: str = "a") -> int:
+        c = Candidate(rid, K_MAX, setup_tokens=round(seconds / per_token), tokens_left=400)
+        return ctrl.choose([c], num_sequences=1, base_tokens=1, token_budget=2048).k[rid]
+
+    assert k_with_catch_up(0.5 * break_even(400)) > 0  # no record: paid back over its 400 tokens
+    drafted = 12
+    for i in range(3):  # requests that caught up, drafted three steps (4 tokens each) and no more
+        rid = f"caught-up-{i}"
+        k = k_with_catch_up(SETUP_MIN_TOKENS * per_token, rid)
+        assert k > 0
+        for _ in range(3):
+            ctrl.observe_verification(rid, k, k, emitted=tuple(range(drafted // 3)))
+        ctrl.observe_verification(rid, 0, 0, emitted=(1,))  # a plain step: not drafting's payback
+        ctrl.forget(rid)
+    assert ctrl.payback.horizon(1) == pytest.approx(drafted)
+    assert ctrl.payback.horizon(8) is None
+    assert k_with_catch_up(0.5 * break_even(400)) == 0
+    assert k_with_catch_up(0.9 * break_even(drafted)) > 0
+    assert k_with_catch_up(1.1 * break_even(drafted)) == 0
+
+
 @pytest.mark.parametrize("share_of_break_even", [0.9, 1.1])
 def test_catch_ups_are_judged_with_the_draft_step_they_share(share_of_break_even):
     """One draft step serves every drafting request. Here it costs the same for one request or four
@@ -1143,3 +1186,30 @@ def test_an_adaptive_server_learns_undrafted_previews(tiny_llama_dir):
     acceptance = llm.engine.controller.acceptance
     initial = acceptance.global_rates(hint=-1)
     assert [h for h in range(1, 5) if acceptance.global_rates(hint=h) != initial]
+
+
+def test_an_adaptive_draft_model_records_what_its_catch_ups_were_paid_back_with(
+    tiny_llama_dir, tiny_close_draft_dir
+):
+    """The engine feeds the payback record: one request, whose draft catches up on its prompt and
+    drafts every step after it (drafting is free here), records the tokens of its drafting steps
+    when it finishes; the output is plain greedy's."""
+    from tiny_models import make_adaptive_llm, make_llm
+
+    greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    prompt = [[(7 * i) % 50 + 3 for i in range(40)]]
+    want = make_llm(tiny_llama_dir).generate(prompt, greedy, use_chat_template=False)[0].token_ids
+    llm = make_adaptive_llm(
+        tiny_llama_dir,
+        speculative_method="draft_model",
+        draft_model_path=str(tiny_close_draft_dir),
+        num_speculative_tokens=4,
+    )
+    out = llm.generate(prompt, greedy, use_chat_template=False)[0]
+    assert out.token_ids == want
+    steps = list(llm.engine.stats.events.steps)
+    first = next(i for i, s in enumerate(steps) if s.setup_tokens >= SETUP_MIN_TOKENS)
+    assert steps[first].drafting == 1
+    drafted = sum(s.emitted_tokens for s in steps[first:] if s.drafting > 0)
+    assert drafted > 0 and not any(s.setup_tokens >= SETUP_MIN_TOKENS for s in steps[first + 1 :])
+    assert llm.engine.controller.payback.horizon(1) == drafted

@@ -788,12 +788,23 @@ class SpeculationController:
         # The step's price by (tokens, drafting requests, draft steps): a handful of distinct
         # shapes, asked for once per slot of every plan weighed (see the catch-ups below).
         prices: dict[tuple[int, int, int], float] = {}
+        # Drafts are weighed by what they add to the step against what plain decode steps of this
+        # batch emit in that time, so a step that also prefills is priced as the decode step it
+        # would be (its decode requests' share of one) plus what the drafts add to it. By its own
+        # tokens per second a prefill step is slow, and any drafts that beat it looked worth it: at
+        # 16-32 Qwen-pair clients (AMD EPYC) steps with prompts admitted took catch-ups of thousands
+        # of tokens whose drafts emitted fewer tokens a second than plain decode steps did.
+        plain_seconds = self.cost.step_seconds(num_sequences, num_sequences, 0, 0)
+        decode_share = plain_seconds * n_decode / max(num_sequences, 1)
+        offset = decode_share - self.cost.step_seconds(num_sequences, base_tokens, 0, 0)
 
         def goodput(tokens: int, drafting: int, steps: int, gain: float, setup: float) -> float:
             shape = (tokens, drafting, steps)
             seconds = prices.get(shape)
             if seconds is None:
-                seconds = self.cost.step_seconds(num_sequences, base_tokens + tokens, drafting, steps)
+                seconds = (
+                    self.cost.step_seconds(num_sequences, base_tokens + tokens, drafting, steps) + offset
+                )
                 prices[shape] = seconds
             return (n_decode + gain) / max(seconds + setup, 1e-9)
 

@@ -704,6 +704,31 @@ def test_a_catch_up_is_spread_over_the_tokens_caught_up_requests_went_on_to_draf
     assert k_with_catch_up(1.1 * break_even(drafted)) == 0
 
 
+@pytest.mark.parametrize("draft_ratio", [0.4, 1.5])
+def test_a_step_that_also_prefills_drafts_no_more_than_the_decode_step_it_would_be(draft_ratio):
+    """Drafts buy tokens for the seconds they add; plain decode steps are what else that time buys.
+    A step that also prefills a long prompt emits few tokens a second by its own measure, and judged
+    by that, drafts three times a decode step's price were drafted (k=5 here, where the decode step
+    drafts none). Judged against plain decode steps, it drafts where the decode step does, no more."""
+    jump = [(1, 0.010), (64, 0.010), (65, 0.080), (1024, 0.080)]  # a prompt's prefill: 8 decode steps
+
+    def k_with(prefill: int) -> dict[str, int]:
+        ctrl = controller(jump, draft_ratio=draft_ratio)  # a draft step: draft_ratio decode steps
+        for rid in "abcd":
+            for i in range(40):  # one-draft verifications, 4 in 5 accepted
+                ctrl.observe_verification(rid, 1, int(i % 5 != 0))
+        num_sequences = 4 + (1 if prefill else 0)
+        d = ctrl.choose([Candidate(rid, K_MAX) for rid in "abcd"], num_sequences, 4 + prefill, 2048 - prefill)
+        return d.k
+
+    decode, with_prefill = k_with(0), k_with(500)
+    assert all(with_prefill[rid] <= decode[rid] for rid in "abcd"), (decode, with_prefill)
+    if draft_ratio < 1:
+        assert all(k > 0 for k in with_prefill.values()), with_prefill
+    else:
+        assert not any(decode.values()) and not any(with_prefill.values()), with_prefill
+
+
 @pytest.mark.parametrize("share_of_break_even", [0.9, 1.1])
 def test_catch_ups_are_judged_with_the_draft_step_they_share(share_of_break_even):
     """One draft step serves every drafting request. Here it costs the same for one request or four
@@ -970,6 +995,53 @@ def test_scheduler_static_request_on_adaptive_server():
     out = sched.schedule()
     got = {s.request.request_id: s.num_speculative_tokens for s in out.scheduled}
     assert got["s"] == 5 and got["a"] in (0, 1)  # 1 only as a probe
+
+
+class _RecordingController(SpeculationController):
+    """The real controller; records the step shape each choice was asked for."""
+
+    def __init__(self) -> None:
+        super().__init__(K_MAX, FrozenCost(FLAT))
+        self.asked: list[tuple[int, int, int]] = []
+
+    def choose(self, candidates, num_sequences, base_tokens, token_budget):
+        self.asked.append((num_sequences, base_tokens, token_budget))
+        return super().choose(candidates, num_sequences, base_tokens, token_budget)
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_the_controller_prices_the_step_with_the_requests_it_admits(chunked):
+    """The plan comes before the waiting requests are admitted to the same step; the controller is
+    told of them (their count up to the batch limit, their prompt tokens up to the token budget)."""
+    ctrl = _RecordingController()
+    kv = KVCacheManager(num_blocks=256, block_size=4, enable_prefix_caching=False)
+    config = SchedulerConfig(
+        num_speculative_tokens=K_MAX,
+        speculative_policy="adaptive",
+        max_batch_size=4,
+        max_num_batched_tokens=64,
+        enable_chunked_prefill=chunked,
+    )
+    sched = Scheduler(config, kv, ctrl)
+    sched.add_request(_decoding("running"))
+    _to_decode(sched)
+    for rid, length in (("short", 10), ("long", 50), ("third", 10), ("fourth", 10)):
+        sched.add_request(Request(rid, list(range(1, length + 1)), SamplingParams(max_tokens=8)))
+    out = sched.schedule()
+    admitted = [s.request.request_id for s in out.scheduled if s.request.request_id != "running"]
+    drafts = out.speculation.k["running"]
+    assert drafts > 0
+    if chunked:
+        # Told: 10 + 50 of the 63 tokens left, then 3 of the third's; the batch limit of 4 stops the
+        # fourth. An upper bound: the drafts took their slots first, and the long prompt's chunk ended
+        # the admissions.
+        assert ctrl.asked[-1] == (4, 1 + 63, 63)
+        assert admitted == ["short", "long"]
+        assert [s.num_new_tokens for s in out.scheduled[1:]] == [10, 63 - drafts - 10]
+    else:
+        # Told: both prompts fit in the 63 tokens left, whole; the drafts then took the room of the
+        # long one, so only the short one was admitted.
+        assert ctrl.asked[-1] == (3, 1 + 60, 63) and admitted == ["short"]
 
 
 class _Previews:

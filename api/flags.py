@@ -258,6 +258,14 @@ LOG_FLAGS = [
         choices=LOG_FORMATS,
     ),
     Flag("no_access_log", bool, False, "no log line per HTTP request (serve)", "logging"),
+    Flag(
+        "step_log",
+        str,
+        None,
+        "append every engine step to this file as a JSON line (what it held, its times, the speculation"
+        " controller's expectation; read it with `specserve bench steps`)",
+        "logging",
+    ),
 ]
 
 MODEL_AND_ENGINE = MODEL_FLAGS + DRAFT_FLAGS + SPEC_FLAGS + ENGINE_FLAGS

@@ -114,6 +114,7 @@ def engine_config_from(settings: BaseSettings) -> EngineConfig:
         max_length=s.max_length,
         seed=s.seed,
         cache_dir=s.cache_dir,
+        step_log=s.step_log,
     )
     try:
         config.validate()

@@ -19,6 +19,10 @@ BENCH_COMMANDS = {
         "specserve.benchmarks.step_ledger",
         "in-process cells per speculation mode: where the time goes, engine step by step",
     ),
+    "steps": (
+        "specserve.benchmarks.step_log_report",
+        "a server's step log (serve --step-log) added up per run of one mode, like ledger",
+    ),
 }
 
 

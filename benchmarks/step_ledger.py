@@ -235,10 +235,11 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
     return {"vs_off": {m: statistics.median(r) for m, r in ratios.items()}}
 
 
-def markdown(report: dict[str, Any]) -> str:
-    cfg = report["config"]
+def kind_rows(cells: list[dict[str, Any]]) -> list[list[str]]:
+    """One table row per cell and kind of step (KIND_HEADER): its steps, time, tokens, and for
+    drafting steps what the controller expected of them."""
     rows = []
-    for c in report["cells"]:
+    for c in cells:
         for kind in (*KINDS, "drafting_no_catch_up"):
             r = c["ledger"].get(kind)
             if r is None:
@@ -259,6 +260,14 @@ def markdown(report: dict[str, Any]) -> str:
                     expected,
                 ]
             )
+    return rows
+
+
+KIND_HEADER = ["cell", "steps", "n", "s", "draft s", "forward s", "tokens", "tok/s", "controller expected"]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    cfg = report["config"]
     cells = [
         [f"{c['mode']} (r{c['repeat']})", fmt(c["seconds"], 1), f"{c['tokens']}", fmt(c["tok_s"], 2)]
         for c in report["cells"]
@@ -277,16 +286,13 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         md_table(["cell", "seconds", "tokens", "tok/s"], cells),
         "",
-        md_table(
-            ["cell", "steps", "n", "s", "draft s", "forward s", "tokens", "tok/s", "controller expected"],
-            rows,
-        ),
+        md_table(KIND_HEADER, kind_rows(report["cells"])),
         "",
     ]
     return markdown_document(lines, report)
 
 
-def plot(report: dict[str, Any], out_dir: Any) -> list[str]:
+def plot(report: dict[str, Any], out_dir: Any, name: str = "step_ledger.png") -> list[str]:
     """Seconds per kind of step, stacked, one bar per cell, with the cell's tokens/s over it."""
     plt = pyplot()
     if plt is None:
@@ -307,7 +313,7 @@ def plot(report: dict[str, Any], out_dir: Any) -> list[str]:
     ax.set_ylabel("seconds", fontsize=8)
     ax.set_title("where each cell's time went", fontsize=9)
     ax.legend(fontsize=7)
-    return [save_figure(plt, fig, out_dir / "step_ledger.png")]
+    return [save_figure(plt, fig, out_dir / name)]
 
 
 def main(argv: list[str]) -> int:

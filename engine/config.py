@@ -149,6 +149,7 @@ class EngineConfig:
     # CPU only. Off by default: it costs 0.78x decode speed alone and 0.44x at 8 clients on SmolLM2
     # (docs/bench/issue18-batch-invariance), far above the 5% that would make it the default.
     batch_invariant: bool = False
+    step_log: str | None = None  # append every step as a JSON line here (engine/step_log.py)
 
     def __post_init__(self) -> None:
         if self.num_speculative_tokens is None:
@@ -194,6 +195,12 @@ class EngineConfig:
         k = self.num_speculative_tokens
         if k is None or not 0 <= k <= MAX_NUM_SPECULATIVE_TOKENS:
             raise ValueError(f"--max-num-steps must be in [0, {MAX_NUM_SPECULATIVE_TOKENS}]")
+        if self.step_log is not None:
+            where = Path(self.step_log)
+            if where.is_dir():
+                raise ValueError(f"--step-log {self.step_log}: is a directory")
+            if not where.parent.is_dir():
+                raise ValueError(f"--step-log {self.step_log}: no directory {where.parent}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError("--ngram-min must be >= 1 and <= --ngram-max")
         if self.max_batch_size < 1:

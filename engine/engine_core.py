@@ -32,6 +32,7 @@ from .scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOu
 from .spec_controller import DraftCostProfile, Preview, SpeculationController, StepCostModel
 from .stats import EngineSnapshot, EngineStats, RequestTiming, StepRecord
 from .step_batch import Draft, RequestState, VerificationWindow, WindowBatch
+from .step_log import StepLog
 from .tokenizer import Tokenizer
 from .verifier import Window, verify_windows
 
@@ -96,6 +97,7 @@ class EngineCore:
             self._preview if self.proposer is not None else None,
         )
         self.stats = EngineStats()
+        self.step_log = StepLog(config.step_log) if config.step_log else None
         self.proposer_name = self.proposer.name if self.proposer else "none"
         self._bad_proposal_logged = False
         self._bad_preview_logged = False
@@ -259,23 +261,25 @@ class EngineCore:
         decision = sched.speculation
         setup = decision.setup_tokens if decision is not None else 0  # catch-up tokens proposers fed
         num_seqs, num_tokens = len(batch.sequences), sum(len(q.token_ids) for q in batch.sequences)
-        self.stats.events.steps.append(
-            StepRecord(
-                num_sequences=num_seqs,
-                num_tokens=num_tokens,
-                prefill_tokens=sum(s.num_new_tokens for s in sched.scheduled if s.num_new_tokens > 1),
-                drafting=sum(1 for s in sched.scheduled if s.num_speculative_tokens > 0),
-                draft_tokens=sum(s.num_speculative_tokens for s in sched.scheduled),
-                probes=len(decision.probed) if decision is not None else 0,
-                setup_tokens=setup,
-                emitted_tokens=sum(len(e) for e in emitted if e is not None),
-                draft_seconds=draft_seconds,
-                forward_seconds=forward_seconds,
-                step_seconds=step_seconds,
-                predicted_tokens=decision.predicted_tokens if decision is not None else None,
-                predicted_seconds=decision.predicted_seconds if decision is not None else None,
-            )
+        record = StepRecord(
+            num_sequences=num_seqs,
+            num_tokens=num_tokens,
+            prefill_tokens=sum(s.num_new_tokens for s in sched.scheduled if s.num_new_tokens > 1),
+            drafting=sum(1 for s in sched.scheduled if s.num_speculative_tokens > 0),
+            draft_tokens=sum(s.num_speculative_tokens for s in sched.scheduled),
+            probes=len(decision.probed) if decision is not None else 0,
+            setup_tokens=setup,
+            emitted_tokens=sum(len(e) for e in emitted if e is not None),
+            draft_seconds=draft_seconds,
+            forward_seconds=forward_seconds,
+            step_seconds=step_seconds,
+            predicted_tokens=decision.predicted_tokens if decision is not None else None,
+            predicted_seconds=decision.predicted_seconds if decision is not None else None,
         )
+        self.stats.events.steps.append(record)
+        if self.step_log is not None:
+            speculating = sum(1 for s in sched.scheduled if s.request.params.speculative_enabled)
+            self.step_log.write(record, speculating)
         if self.controller is None:
             return
         cost = self.controller.cost

@@ -1,0 +1,161 @@
+"""`specserve bench steps LOG`: a server's step log (`--step-log`) added up per run of one mode.
+
+`bench ledger` measures in-process; a served benchmark only shows its requests' latencies. With
+`specserve serve --step-log steps.jsonl` every engine step is a JSON line, and this report cuts the log
+into runs of one mode, as `bench serve` runs its cells (speculation toggled per request, one cell at a
+time): a step whose requests all had speculation off belongs to an "off" run, one whose requests all had
+it on to an "on" run; a step holding both (the end of one cell overlapping the start of the next) stays
+with the run before it; two cells of one mode in a row are one run. Per run and kind of step, the same table as `bench ledger`: steps, seconds
+(proposer, target forward), emitted tokens, tokens per second of step time, and what the speculation
+controller expected of its drafting steps.
+
+    specserve serve --step-log steps.jsonl ... &
+    specserve bench serve --base-url http://127.0.0.1:8000 --modes off,adaptive ...
+    specserve bench steps steps.jsonl --output-dir steps-report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, NoReturn
+
+from .common import fmt, md_table
+from .harness import add_output_args, envelope, markdown_document, output_dir, print_report, write_report
+from .step_ledger import KIND_HEADER, KINDS, kind_rows, ledger
+from .step_ledger import plot as ledger_plot
+
+SCHEMA = "specserve.bench.step_log/1"
+KIND = "step_log"
+FIELDS = ("num_sequences", "prefill_tokens", "drafting", "probes", "setup_tokens", "emitted_tokens")
+
+
+def fail(message: str) -> NoReturn:
+    """A one-line error on stderr, exit code 2 (bad input, as for any CLI flag)."""
+    print(f"specserve bench steps: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="specserve bench steps",
+        description="A step log (serve --step-log) added up per run of one mode and kind of step.",
+    )
+    p.add_argument("log", help="the step log: one JSON object per engine step")
+    p.add_argument("--min-steps", type=int, default=5, help="runs with fewer steps are left out (default 5)")
+    add_output_args(p, KIND)
+    return p
+
+
+def read_steps(path: Path) -> list[SimpleNamespace]:
+    """The log's steps; a line that is not a step is a one-line error naming it."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        fail(f"{path}: {exc.strerror or exc}")
+    steps = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or any(not isinstance(row.get(f), int) for f in FIELDS):
+                raise ValueError
+            steps.append(SimpleNamespace(**row))
+        except ValueError:
+            fail(f"{path}:{number}: not a step log line")
+    return steps
+
+
+def mode_of(step: SimpleNamespace) -> str | None:
+    """off / on, or None for a step holding requests of both."""
+    speculating = getattr(step, "speculating", None)
+    if speculating is None:
+        fail("a step has no 'speculating' count: not a log from serve --step-log")
+    if speculating == 0:
+        return "off"
+    return "on" if speculating == step.num_sequences else None
+
+
+def runs(steps: list[SimpleNamespace]) -> list[tuple[str, list[SimpleNamespace]]]:
+    """Consecutive steps of one mode; a step of both modes stays with the run before it."""
+    out: list[tuple[str, list[SimpleNamespace]]] = []
+    for step in steps:
+        mode = mode_of(step) or (out[-1][0] if out else "off")
+        if not out or out[-1][0] != mode:
+            out.append((mode, []))
+        out[-1][1].append(step)
+    return out
+
+
+def build_report(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    if args.min_steps < 1:
+        fail("--min-steps must be >= 1")
+    cells = []
+    for index, (mode, steps) in enumerate(runs(read_steps(Path(args.log)))):
+        if len(steps) < args.min_steps:
+            continue
+        seconds = sum(s.step_seconds for s in steps)
+        tokens = sum(s.emitted_tokens for s in steps)
+        cells.append(
+            {
+                "mode": mode,
+                "repeat": index,  # the run's place in the log (the ledger's plot labels cells by it)
+                "max_sequences": max(s.num_sequences for s in steps),
+                "steps": len(steps),
+                "seconds": seconds,
+                "tokens": tokens,
+                "tok_s": tokens / seconds if seconds > 0 else 0.0,
+                "ledger": ledger(steps),
+            }
+        )
+    report = envelope(SCHEMA, "steps", argv)
+    report["config"] = {"log": args.log, "min_steps": args.min_steps}
+    report["cells"] = cells
+    return report
+
+
+def markdown(report: dict[str, Any]) -> str:
+    runs_table = [
+        [
+            f"{c['mode']} (r{c['repeat']})",
+            f"{c['max_sequences']}",
+            f"{c['steps']}",
+            fmt(c["seconds"], 1),
+            f"{c['tokens']}",
+            fmt(c["tok_s"], 2),
+        ]
+        for c in report["cells"]
+    ]
+    lines = [
+        "# step log",
+        "",
+        f"`{report['command']}`",
+        "",
+        f"Runs of one mode in `{report['config']['log']}` (r = the run's place in the log; seconds are"
+        f" step time; kinds: {', '.join(KINDS)}; drafting_no_catch_up = drafting steps without a catch-up).",
+        "",
+        md_table(["run", "most sequences", "steps", "seconds", "tokens", "tok/s"], runs_table),
+        "",
+        md_table(KIND_HEADER, kind_rows(report["cells"])),
+        "",
+    ]
+    return markdown_document(lines, report)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    report = build_report(args, argv)
+    out = output_dir(args, KIND)
+    write_report(
+        report, out, KIND, markdown, lambda r, d: ledger_plot(r, d, f"{KIND}.png"), not args.no_plots
+    )
+    print_report(report, markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,65 @@
+"""`specserve bench steps`: a real engine's step log, cut into runs of one mode and added up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specserve.api.tools import BENCH_COMMANDS
+from specserve.benchmarks import step_log_report
+from specserve.engine import SamplingParams
+
+
+def test_a_step_log_is_cut_into_runs_of_one_mode_that_account_for_every_token(tiny_llama_dir, tmp_path):
+    from tiny_models import make_llm, mixed_prompts
+
+    log = tmp_path / "steps.jsonl"
+    llm = make_llm(tiny_llama_dir, speculative_method="ngram", num_speculative_tokens=3, step_log=str(log))
+    prompts = mixed_prompts(3, seed=5)
+    emitted = []
+    for enabled in (False, True, False):  # cells as bench serve runs them: off, on, off
+        params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, speculative_enabled=enabled)
+        outs = llm.generate(prompts, params, use_chat_template=False)
+        emitted.append(sum(len(o.token_ids) for o in outs))
+    out = tmp_path / "report"
+    assert BENCH_COMMANDS["steps"][0] == step_log_report.__name__  # `specserve bench steps`
+    assert (
+        step_log_report.main([str(log), "--output-dir", str(out), "--no-progress", "--min-steps", "1"]) == 0
+    )
+    report = json.loads((out / "step_log.json").read_text())
+    assert report["schema"] == step_log_report.SCHEMA
+    cells = report["cells"]
+    assert [c["mode"] for c in cells] == ["off", "on", "off"]
+    assert [c["tokens"] for c in cells] == emitted == [30, 30, 30]
+    for cell in cells:
+        kinds = cell["ledger"]
+        assert sum(kinds[k]["tokens"] for k in step_log_report.KINDS if k in kinds) == cell["tokens"]
+        assert cell["max_sequences"] == 3
+    assert "drafting" in cells[1]["ledger"] and "drafting" not in cells[0]["ledger"]
+    assert "| run | most sequences |" in (out / "step_log.md").read_text()
+    assert (out / "step_log.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ('{"num_sequences": 1}\n', "steps.jsonl:1: not a step log line"),
+        ("not json\n", "steps.jsonl:1: not a step log line"),
+        (
+            '{"num_sequences": 1, "prefill_tokens": 0, "drafting": 0, "probes": 0, "setup_tokens": 0,'
+            ' "emitted_tokens": 1, "step_seconds": 0.1}\n',
+            "no 'speculating' count",
+        ),
+        (None, "No such file"),
+    ],
+)
+def test_a_log_that_is_not_a_step_log_is_a_one_line_error(tmp_path, capsys, content, message):
+    log = tmp_path / "steps.jsonl"
+    if content is not None:
+        log.write_text(content)
+    with pytest.raises(SystemExit) as exc:
+        step_log_report.main([str(log), "--output-dir", str(tmp_path / "out"), "--no-plots"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err

@@ -325,11 +325,19 @@ async def sweep(
         c = rnd.item
         for mode in rnd.arms:
             bar.set_postfix_str(f"concurrency {c} spec {mode}")
+            started = time.time()  # wall clock, as in a server's --step-log (`bench steps --serve-report`)
             records, duration = await run_cell(
                 base_url, prompts, c, per[c], mode, args, start, lambda: bar.update(1)
             )
+            window = {"started": round(started, 3), "ended": round(time.time(), 3)}
             cells.append(
-                {"concurrency": c, "mode": mode, "repeat": rnd.repeat, **cell_summary(records, duration)}
+                {
+                    "concurrency": c,
+                    "mode": mode,
+                    "repeat": rnd.repeat,
+                    **window,
+                    **cell_summary(records, duration),
+                }
             )
         start += per[c]
     bar.close()

@@ -5,13 +5,15 @@
 into runs of one mode, as `bench serve` runs its cells (speculation toggled per request, one cell at a
 time): a step whose requests all had speculation off belongs to an "off" run, one whose requests all had
 it on to an "on" run; a step holding both (the end of one cell overlapping the start of the next) stays
-with the run before it; two cells of one mode in a row are one run. Per run and kind of step, the same table as `bench ledger`: steps, seconds
+with the run before it; two cells of one mode in a row are one run. Given the `serve.json` of the same
+run (`--serve-report`), the log is cut by its cells' start and end times instead, one table per cell.
+Per run and kind of step, the same table as `bench ledger`: steps, seconds
 (proposer, target forward), emitted tokens, tokens per second of step time, and what the speculation
 controller expected of its drafting steps.
 
     specserve serve --step-log steps.jsonl ... &
     specserve bench serve --base-url http://127.0.0.1:8000 --modes off,adaptive ...
-    specserve bench steps steps.jsonl --output-dir steps-report
+    specserve bench steps steps.jsonl --serve-report bench-results/serve-.../serve.json
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("log", help="the step log: one JSON object per engine step")
     p.add_argument("--min-steps", type=int, default=5, help="runs with fewer steps are left out (default 5)")
+    p.add_argument(
+        "--serve-report",
+        default=None,
+        help="a bench serve serve.json of the same run: steps are cut by its cells' start and end times"
+        " instead of by mode (cells of one mode in a row stay apart; warm-up steps are left out)",
+    )
     add_output_args(p, KIND)
     return p
 
@@ -91,11 +99,42 @@ def runs(steps: list[SimpleNamespace]) -> list[tuple[str, list[SimpleNamespace]]
     return out
 
 
+def serve_cells(path: Path) -> list[tuple[str, int, float, float]]:
+    """(label, repeat, started, ended) of each cell of a bench serve report, in its order."""
+    try:
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        return [
+            (f"c{c['concurrency']} {c['mode']}", int(c["repeat"]), float(c["started"]), float(c["ended"]))
+            for c in cells
+        ]
+    except OSError as exc:
+        fail(f"{path}: {exc.strerror or exc}")
+    except (ValueError, KeyError, TypeError):
+        fail(f"{path}: not a bench serve report with cell times (serve.json from this version)")
+
+
+def cut_by_cells(
+    steps: list[SimpleNamespace], cells: list[tuple[str, int, float, float]]
+) -> list[tuple[str, int, list[SimpleNamespace]]]:
+    """Each cell's steps: those that ended inside its time window (steps outside every cell go)."""
+    out = []
+    for label, repeat, started, ended in cells:
+        out.append((label, repeat, [s for s in steps if started <= s.time <= ended]))
+    return out
+
+
 def build_report(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     if args.min_steps < 1:
         fail("--min-steps must be >= 1")
+    steps = read_steps(Path(args.log))
+    if args.serve_report:
+        if any(not isinstance(getattr(s, "time", None), (int, float)) for s in steps):
+            fail("a step has no 'time': not a log from serve --step-log")
+        groups = cut_by_cells(steps, serve_cells(Path(args.serve_report)))
+    else:
+        groups = [(mode, index, run) for index, (mode, run) in enumerate(runs(steps))]
     cells = []
-    for index, (mode, steps) in enumerate(runs(read_steps(Path(args.log)))):
+    for mode, index, steps in groups:
         if len(steps) < args.min_steps:
             continue
         seconds = sum(s.step_seconds for s in steps)
@@ -103,7 +142,7 @@ def build_report(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         cells.append(
             {
                 "mode": mode,
-                "repeat": index,  # the run's place in the log (the ledger's plot labels cells by it)
+                "repeat": index,  # the cell's repeat, or the run's place in the log
                 "max_sequences": max(s.num_sequences for s in steps),
                 "steps": len(steps),
                 "seconds": seconds,
@@ -113,7 +152,7 @@ def build_report(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             }
         )
     report = envelope(SCHEMA, "steps", argv)
-    report["config"] = {"log": args.log, "min_steps": args.min_steps}
+    report["config"] = {"log": args.log, "min_steps": args.min_steps, "serve_report": args.serve_report}
     report["cells"] = cells
     return report
 
@@ -135,8 +174,13 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"`{report['command']}`",
         "",
-        f"Runs of one mode in `{report['config']['log']}` (r = the run's place in the log; seconds are"
-        f" step time; kinds: {', '.join(KINDS)}; drafting_no_catch_up = drafting steps without a catch-up).",
+        (
+            f"The cells of `{report['config']['serve_report']}` in `{report['config']['log']}` (r = repeat;"
+            if report["config"].get("serve_report")
+            else f"Runs of one mode in `{report['config']['log']}` (r = the run's place in the log;"
+        )
+        + f" seconds are step time; kinds: {', '.join(KINDS)}; drafting_no_catch_up = drafting steps"
+        " without a catch-up).",
         "",
         md_table(["run", "most sequences", "steps", "seconds", "tokens", "tok/s"], runs_table),
         "",

@@ -54,6 +54,10 @@ def test_serve_quick_smoke(tiny_llama_dir, tmp_path):
         # first decode steps at a batch size are plain (the controller measures their price first), so
         # requests get enough tokens to draft after them.
         assert (cell["acceptance_rate"] is None) == (cell["mode"] == "off")
+    # Each cell's wall-clock window (what `bench steps --serve-report` cuts a step log by), in order.
+    windows = [(c["started"], c["ended"]) for c in report["cells"]]
+    assert all(a <= b for a, b in windows)
+    assert all(prev[1] <= nxt[0] for prev, nxt in zip(windows, windows[1:], strict=False))
     summ = report["summary"]
     assert [s["concurrency"] for s in summ] == [1, 2]
     assert all(s["spec_speedup_output_tokens_per_s"] > 0 for s in summ)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -39,6 +40,44 @@ def test_a_step_log_is_cut_into_runs_of_one_mode_that_account_for_every_token(ti
     assert "drafting" in cells[1]["ledger"] and "drafting" not in cells[0]["ledger"]
     assert "| run | most sequences |" in (out / "step_log.md").read_text()
     assert (out / "step_log.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_serve_report_cuts_the_log_by_its_cells_times(tiny_llama_dir, tmp_path):
+    """Two cells of one mode in a row are one run by mode; with the bench serve report's cell times
+    they stay two cells, and steps outside every cell (a warm-up) are left out."""
+    from tiny_models import make_llm, mixed_prompts
+
+    log = tmp_path / "steps.jsonl"
+    llm = make_llm(tiny_llama_dir, speculative_method="ngram", num_speculative_tokens=3, step_log=str(log))
+    prompts = mixed_prompts(2, seed=6)
+    cells = []
+    for i, enabled in enumerate((True, True, True)):  # a warm-up, then two "on" cells in a row
+        params = SamplingParams(max_tokens=6 + i, temperature=0, ignore_eos=True, speculative_enabled=enabled)
+        started = time.time()
+        llm.generate(prompts, params, use_chat_template=False)
+        if i:
+            cells.append(
+                {
+                    "concurrency": 2,
+                    "mode": "adaptive",
+                    "repeat": i - 1,
+                    "started": started,
+                    "ended": time.time(),
+                }
+            )
+    (tmp_path / "serve.json").write_text(json.dumps({"cells": cells}))
+    out = tmp_path / "report"
+    args = [str(log), "--serve-report", str(tmp_path / "serve.json"), "--output-dir", str(out), "--no-plots"]
+    assert step_log_report.main([*args, "--min-steps", "1"]) == 0
+    report = json.loads((out / "step_log.json").read_text())
+    assert [(c["mode"], c["repeat"], c["tokens"]) for c in report["cells"]] == [
+        ("c2 adaptive", 0, 2 * 7),
+        ("c2 adaptive", 1, 2 * 8),
+    ]
+    by_mode = step_log_report.runs(step_log_report.read_steps(log))
+    assert [(mode, sum(s.emitted_tokens for s in steps)) for mode, steps in by_mode] == [
+        ("on", 2 * (6 + 7 + 8))
+    ]
 
 
 @pytest.mark.parametrize(

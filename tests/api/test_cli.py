@@ -63,6 +63,25 @@ def test_generate_json_on_tiny_model(tiny_llama_dir):
     }
 
 
+def test_generate_appends_every_step_to_the_step_log(tiny_llama_dir, tmp_path):
+    """One JSON line per engine step: the StepRecord's fields, when it ended, and how many of its
+    requests had speculation on. A second run appends."""
+    log = tmp_path / "steps.jsonl"
+    args = ["generate", "--model-path", str(tiny_llama_dir), "--prompt", "hello hello hello"]
+    args += ["--quantization-encoding", "float32", "--max-kv-cache-tokens", "2048", "--max-new-tokens", "6"]
+    args += ["--ignore-eos", "--step-log", str(log)]
+    for run in (1, 2):
+        r = run_cli(*args, timeout=300)
+        assert r.returncode == 0, r.stderr
+        steps = [json.loads(line) for line in log.read_text().splitlines()]
+        assert sum(s["emitted_tokens"] for s in steps) == 6 * run
+    assert steps[0]["prefill_tokens"] > 1 and steps[0]["num_sequences"] == 1
+    assert all(s["speculating"] == 1 for s in steps)  # the default ngram proposer, on for the request
+    assert {"time", "drafting", "draft_tokens", "setup_tokens", "step_seconds", "predicted_seconds"} <= set(
+        steps[0]
+    )
+
+
 def test_env_vars_configure_flags(tiny_llama_dir):
     r = run_cli(
         "generate",

@@ -120,38 +120,3 @@ def test_bad_logging_flags_are_one_line_errors(args, env, message):
     )
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
-
-
-def test_generate_appends_every_step_to_the_step_log(tiny_llama_dir, tmp_path):
-    """One JSON line per engine step: the StepRecord's fields, when it ended, and how many of its
-    requests had speculation on. A second run appends."""
-    log = tmp_path / "steps.jsonl"
-    args = [
-        sys.executable,
-        "-m",
-        "specserve.api.cli",
-        "generate",
-        "--model-path",
-        str(tiny_llama_dir),
-        "--prompt",
-        "hello hello hello",
-        "--quantization-encoding",
-        "float32",
-        "--max-kv-cache-tokens",
-        "2048",
-        "--max-new-tokens",
-        "6",
-        "--ignore-eos",
-        "--step-log",
-        str(log),
-    ]
-    for run in (1, 2):
-        out = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
-        assert out.returncode == 0, out.stderr
-        steps = [json.loads(line) for line in log.read_text().splitlines()]
-        assert sum(s["emitted_tokens"] for s in steps) == 6 * run
-    assert steps[0]["prefill_tokens"] > 1 and steps[0]["num_sequences"] == 1
-    assert all(s["speculating"] == 1 for s in steps)  # the default ngram proposer, on for the request
-    assert {"time", "drafting", "draft_tokens", "setup_tokens", "step_seconds", "predicted_seconds"} <= set(
-        steps[0]
-    )

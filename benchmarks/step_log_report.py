@@ -33,6 +33,7 @@ from .step_ledger import plot as ledger_plot
 SCHEMA = "specserve.bench.step_log/1"
 KIND = "step_log"
 FIELDS = ("num_sequences", "prefill_tokens", "drafting", "probes", "setup_tokens", "emitted_tokens")
+SECONDS = ("step_seconds", "draft_seconds", "forward_seconds")
 
 
 def fail(message: str) -> NoReturn:
@@ -71,6 +72,8 @@ def read_steps(path: Path) -> list[SimpleNamespace]:
         try:
             row = json.loads(line)
             if not isinstance(row, dict) or any(not isinstance(row.get(f), int) for f in FIELDS):
+                raise ValueError
+            if any(not isinstance(row.get(f), (int, float)) for f in SECONDS):
                 raise ValueError
             steps.append(SimpleNamespace(**row))
         except ValueError:

@@ -87,8 +87,13 @@ def test_a_serve_report_cuts_the_log_by_its_cells_times(tiny_llama_dir, tmp_path
         ("not json\n", "steps.jsonl:1: not a step log line"),
         (
             '{"num_sequences": 1, "prefill_tokens": 0, "drafting": 0, "probes": 0, "setup_tokens": 0,'
-            ' "emitted_tokens": 1, "step_seconds": 0.1}\n',
+            ' "emitted_tokens": 1, "step_seconds": 0.1, "draft_seconds": 0.0, "forward_seconds": 0.1}\n',
             "no 'speculating' count",
+        ),
+        (
+            '{"num_sequences": 1, "prefill_tokens": 0, "drafting": 0, "probes": 0, "setup_tokens": 0, '
+            '"emitted_tokens": 1, "step_seconds": "slow"}\n',
+            "steps.jsonl:1: not a step log line",
         ),
         (None, "No such file"),
     ],
@@ -102,3 +107,18 @@ def test_a_log_that_is_not_a_step_log_is_a_one_line_error(tmp_path, capsys, cont
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+def test_a_serve_report_without_cell_times_is_a_one_line_error(tmp_path, capsys):
+    """A serve.json from before cells carried their times cannot cut a log: said in one line."""
+    log = tmp_path / "steps.jsonl"
+    step = {"num_sequences": 1, "prefill_tokens": 0, "drafting": 0, "probes": 0, "setup_tokens": 0}
+    step |= {"emitted_tokens": 1, "step_seconds": 0.1, "draft_seconds": 0.0, "forward_seconds": 0.1}
+    log.write_text(json.dumps({**step, "speculating": 0, "time": 1.0}) + "\n")
+    report = tmp_path / "serve.json"
+    report.write_text(json.dumps({"cells": [{"concurrency": 1, "mode": "off", "repeat": 0}]}))
+    with pytest.raises(SystemExit) as exc:
+        step_log_report.main([str(log), "--serve-report", str(report), "--output-dir", str(tmp_path / "o")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a bench serve report with cell times" in err, err

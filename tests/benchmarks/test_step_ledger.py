@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from specserve.api.tools import BENCH_COMMANDS
 from specserve.benchmarks import step_ledger
 
@@ -37,15 +39,16 @@ def test_step_ledger_accounts_for_every_token_of_every_cell(tiny_llama_dir, tmp_
     assert (out / "step_ledger.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def _refusal(tiny_llama_dir, tmp_path, *flags: str) -> str:
+    """The message `bench ledger` exits with for these flags (it must refuse them)."""
+    with pytest.raises(SystemExit) as exc:
+        step_ledger.main(["--model-path", str(tiny_llama_dir), *flags, "--output-dir", str(tmp_path)])
+    return str(exc.value)
+
+
 def test_unknown_mode_is_a_one_line_error(tiny_llama_dir, tmp_path, capsys):
     assert BENCH_COMMANDS["ledger"][0] == step_ledger.__name__  # `specserve bench ledger`
-    args = ["--model-path", str(tiny_llama_dir), "--modes", "off,fast", "--output-dir", str(tmp_path)]
-    try:
-        step_ledger.main(args)
-    except SystemExit as exc:
-        assert "--modes takes off, static, adaptive" in str(exc)
-    else:
-        raise AssertionError("an unknown mode was accepted")
+    assert "--modes takes off, static, adaptive" in _refusal(tiny_llama_dir, tmp_path, "--modes", "off,fast")
 
 
 def test_admit_per_step_prefills_arriving_prompts_in_steps_of_their_own(tiny_llama_dir, tmp_path):
@@ -70,10 +73,5 @@ def test_admit_per_step_prefills_arriving_prompts_in_steps_of_their_own(tiny_lla
 
 
 def test_negative_admit_per_step_is_a_one_line_error(tiny_llama_dir, tmp_path):
-    args = ["--model-path", str(tiny_llama_dir), "--admit-per-step", "-1", "--output-dir", str(tmp_path)]
-    try:
-        step_ledger.main(args)
-    except SystemExit as exc:
-        assert "--admit-per-step must be 0 (all at once) or positive" in str(exc)
-    else:
-        raise AssertionError("a negative --admit-per-step was accepted")
+    message = _refusal(tiny_llama_dir, tmp_path, "--admit-per-step", "-1")
+    assert "--admit-per-step must be 0 (all at once) or positive" in message

@@ -1,4 +1,4 @@
-"""Paged attention over a flat ragged batch, with torch SDPA.
+"""Paged attention over a flat ragged batch: torch SDPA, and on the CPU matmuls for short queries.
 
 The KV cache of one layer is a flat slot array `[num_blocks * block_size, kv_heads, head_dim]`;
 slot = block_id * block_size + offset. Each step writes the new tokens' K/V through `slot_mapping`,
@@ -6,7 +6,8 @@ then gathers every sequence's context through `context_slots` into a padded batc
 decodes and (k+1)-token verification windows of different requests run in one SDPA call per layer,
 or one per group of sequences with similar query lengths (`grouped`): padded to the longest query of
 the batch, one 9-token window made every decode of a 16-request SmolLM2 batch attend 9 query rows
-(steps 0.13 s instead of 0.10 s with 16% more rows), a 500-token prefill chunk 500.
+(steps 0.13 s instead of 0.10 s with 16% more rows), a 500-token prefill chunk 500. On the CPU,
+groups of decodes and verification windows skip SDPA for two matmuls (`cpu_paged_attention`).
 """
 
 from __future__ import annotations
@@ -224,6 +225,18 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:  # [T, H * D]
     """The reference backend: torch SDPA (CPU and CUDA), GQA handled by SDPA itself."""
+    return _sdpa_attention(q, k, v, k_cache, v_cache, meta, scale)
+
+
+def _sdpa_attention(
+    q: torch.Tensor,  # [T, H, D]
+    k: torch.Tensor,  # [T, KVH, D]
+    v: torch.Tensor,  # [T, KVH, D]
+    k_cache: torch.Tensor,  # [num_slots, KVH, D]
+    v_cache: torch.Tensor,  # [num_slots, KVH, D]
+    meta: AttentionMetadata,  # one group
+    scale: float,
+) -> torch.Tensor:  # [T, H * D]
     queries, keys, values = _write_and_gather(q, k, v, k_cache, v_cache, meta)
     out = F.scaled_dot_product_attention(
         queries.transpose(1, 2),  # [S, H, Q, D]
@@ -266,8 +279,86 @@ def batch_invariant_paged_attention(
       row's last visible key, add exact zeros at the end) instead of a vectorised sum whose lane
       split moves with the row length.
     Precision is that of transformers' eager attention (bf16 scores and probabilities, float32
-    softmax). Scores are materialised per tile of query rows ([S, H, 256, C'] float32), unlike SDPA.
+    softmax). Scores are materialised per tile of sequences and query rows ([S, H, Q, C'] bounded by
+    `SCORE_TILE_ELEMENTS` or one sequence's tile of `INVARIANT_QUERY_TILE` rows), unlike SDPA.
     """
+    return _invariant_attention(q, k, v, k_cache, v_cache, meta, scale)
+
+
+# Query groups of at most this many rows (decodes, verification windows) take the matmul path of the
+# default CPU backend; prefill chunks take SDPA.
+SMALL_QUERY_ROWS = 16
+# Score elements ([S, H, Q, C]) one tile of the matmul paths materialises at most (more only where a
+# single sequence's query tile needs it), 12 bytes each at most (bf16 and float32 copies): ~50 MB.
+SCORE_TILE_ELEMENTS = 1 << 22
+
+
+@grouped
+def cpu_paged_attention(
+    q: torch.Tensor,  # [T, H, D]
+    k: torch.Tensor,  # [T, KVH, D]
+    v: torch.Tensor,  # [T, KVH, D]
+    k_cache: torch.Tensor,  # [num_slots, KVH, D]
+    v_cache: torch.Tensor,  # [num_slots, KVH, D]
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [T, H * D]
+    """The default CPU backend: a group of decodes or verification windows (up to `SMALL_QUERY_ROWS`
+    query rows) as two matmuls and a softmax, a group with longer queries (prefill chunks) through
+    SDPA.
+
+    Why: torch's CPU SDPA kernel is built for long queries; for a few query rows against a long
+    context it costs many times the two matmuls it stands for, and more so the more sequences share
+    the call. On the AMD EPYC (AVX-512 BF16, no AMX, 2 threads), one Qwen2.5-1.5B layer's decode of
+    4 sequences at 600 keys took 3.7 ms in SDPA and 0.5 ms as matmuls (benchmarks/bench_attention.py);
+    a whole plain decode forward of 4 sequences took 1.3-1.7x as long with SDPA as without, and the
+    0.5B draft's 2x, once per drafted token."""
+    if meta.query_index.shape[1] > SMALL_QUERY_ROWS:
+        return _sdpa_attention(q, k, v, k_cache, v_cache, meta, scale)
+    return _matmul_attention(q, k, v, k_cache, v_cache, meta, scale)
+
+
+def _matmul_attention(
+    q: torch.Tensor,  # [T, H, D]
+    k: torch.Tensor,  # [T, KVH, D]
+    v: torch.Tensor,  # [T, KVH, D]
+    k_cache: torch.Tensor,  # [num_slots, KVH, D]
+    v_cache: torch.Tensor,  # [num_slots, KVH, D]
+    meta: AttentionMetadata,  # one group
+    scale: float,
+) -> torch.Tensor:  # [T, H * D]
+    """softmax(q k^T) v with the query heads of one KV head as the rows of one matmul (GQA without
+    repeating K/V); scores in the model dtype, softmax in float32, as transformers' eager attention."""
+    queries, keys, values = _write_and_gather(q, k, v, k_cache, v_cache, meta)
+    num_seqs, max_q, heads, dim = queries.shape
+    kv_heads, max_c = keys.shape[2], keys.shape[1]
+    group = heads // kv_heads
+    rows = queries.permute(0, 2, 1, 3).reshape(num_seqs, kv_heads, group * max_q, dim)  # rows (g, q)
+    keys_t = keys.permute(0, 2, 3, 1)  # [S, KVH, D, C]
+    values = values.permute(0, 2, 1, 3)  # [S, KVH, C, D]
+    out = queries.new_empty(num_seqs, kv_heads, group * max_q, dim)
+    s_tile = max(1, SCORE_TILE_ELEMENTS // (heads * max_q * max_c))
+    for s0 in range(0, num_seqs, s_tile):
+        s1 = min(s0 + s_tile, num_seqs)
+        n = s1 - s0
+        scores = torch.matmul(rows[s0:s1], keys_t[s0:s1]).float().mul_(scale)  # [n, KVH, G * Q, C]
+        scores = scores.view(n, kv_heads, group, max_q, max_c)
+        scores.masked_fill_(~meta.attn_mask[s0:s1].view(n, 1, 1, max_q, max_c), float("-inf"))
+        weights = torch.softmax(scores, dim=-1).to(values.dtype).view(n, kv_heads, group * max_q, max_c)
+        out[s0:s1] = torch.matmul(weights, values[s0:s1])  # [n, KVH, G * Q, D]
+    out = out.view(num_seqs, heads, max_q, dim).transpose(1, 2)  # [S, Q, H, D]
+    return _flatten_output(out, meta)
+
+
+def _invariant_attention(
+    q: torch.Tensor,  # [T, H, D]
+    k: torch.Tensor,  # [T, KVH, D]
+    v: torch.Tensor,  # [T, KVH, D]
+    k_cache: torch.Tensor,  # [num_slots, KVH, D]
+    v_cache: torch.Tensor,  # [num_slots, KVH, D]
+    meta: AttentionMetadata,  # one group
+    scale: float,
+) -> torch.Tensor:  # [T, H * D]
     queries, keys, values = _write_and_gather(q, k, v, k_cache, v_cache, meta)
     num_seqs, max_q, heads, dim = queries.shape
     kv_heads, max_c = keys.shape[2], keys.shape[1]
@@ -285,13 +376,17 @@ def batch_invariant_paged_attention(
     keys = keys.to(dtype).permute(0, 2, 1, 3).contiguous()  # [S, KVH, C', D]
     values = values.to(dtype).permute(0, 2, 1, 3).contiguous()  # [S, KVH, C', D]
     out = torch.empty_like(grouped)  # [S, KVH, G, Q, D]
-    # Query rows are independent, so tiling them bounds the [.., Q, C'] scores of a long prefill
-    # without changing any row's result.
-    for q0 in range(0, max_q, INVARIANT_QUERY_TILE):
-        q1 = min(q0 + INVARIANT_QUERY_TILE, max_q)
-        out[:, :, :, q0:q1] = _invariant_rows(
-            grouped[:, :, :, q0:q1], keys, values, mask[..., q0:q1, :], scale
-        )
+    # Sequences and query rows are independent, so tiling them bounds the [.., Q, C'] scores of a
+    # long prefill or of many decodes without changing any row's result.
+    q_tile = min(max_q, INVARIANT_QUERY_TILE)
+    s_tile = max(1, SCORE_TILE_ELEMENTS // (heads * q_tile * padded_c))
+    for s0 in range(0, num_seqs, s_tile):
+        s1 = min(s0 + s_tile, num_seqs)
+        for q0 in range(0, max_q, q_tile):
+            q1 = min(q0 + q_tile, max_q)
+            out[s0:s1, :, :, q0:q1] = _invariant_rows(
+                grouped[s0:s1, :, :, q0:q1], keys[s0:s1], values[s0:s1], mask[s0:s1, ..., q0:q1, :], scale
+            )
     out = out.view(num_seqs, heads, max_q, dim).transpose(1, 2).to(q.dtype)  # [S, Q, H, D]
     return _flatten_output(out, meta)
 
@@ -338,9 +433,13 @@ def xformers_paged_attention(q, k, v, k_cache, v_cache, meta, scale) -> torch.Te
 def select_attention_backend(
     device: torch.device | str, batch_invariant: bool = False
 ) -> tuple[str, AttentionBackend]:
-    """Batch-invariant attention when asked (CPU); else torch SDPA, or xformers on CUDA if installed."""
+    """Batch-invariant attention when asked (CPU); else on the CPU SDPA for prefill chunks and
+    matmuls for decodes and windows (`cpu_paged_attention`); on CUDA xformers if installed, else SDPA."""
     if batch_invariant:
         return "batch_invariant", batch_invariant_paged_attention
-    if torch.device(device).type == "cuda" and importlib.util.find_spec("xformers") is not None:
+    kind = torch.device(device).type
+    if kind == "cuda" and importlib.util.find_spec("xformers") is not None:
         return "xformers", xformers_paged_attention
+    if kind == "cpu":
+        return "cpu_sdpa_prefill_matmul_decode", cpu_paged_attention
     return "torch_sdpa", paged_attention

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .attention import INVARIANT_QUERY_TILE
+from .attention import INVARIANT_QUERY_TILE, SCORE_TILE_ELEMENTS, SMALL_QUERY_ROWS
 from .cgroup_limits import cgroup_memory_limit
 from .models.arch import ArchConfig
 
@@ -145,6 +145,10 @@ def estimate_activation_bytes(
     # (exp in place), its cumsum and the bf16 weights, [S, H, tile, C] each.
     tile = min(per_seq, INVARIANT_QUERY_TILE)
     scores = num_seqs * cfg.num_heads * tile * max_length * (2 + 4 + 4 + 2)
+    # The CPU backend's matmul path for decodes and windows: `num_tokens` query rows at most, scored a
+    # tile at a time (one sequence's rows where those alone exceed the tile), as many bytes each.
+    small_tile = max(SCORE_TILE_ELEMENTS, cfg.num_heads * SMALL_QUERY_ROWS * max_length)
+    scores = max(scores, min(num_tokens * cfg.num_heads * max_length, small_tile) * (2 + 4 + 4 + 2))
     mlp = tokens * 4 * inter * b  # gate_up [T, 2I], silu(gate) and the product [T, I] each
     logits = sample_rows * cfg.vocab_size * 4 * 3  # float32 logits, processed copy, probabilities
     total = residual + qkv + gathered + attn_out + mask + scores + mlp + logits

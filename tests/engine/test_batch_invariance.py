@@ -8,11 +8,13 @@ import pytest
 import torch
 from tiny_models import make_llm, mixed_prompts
 
-from specserve.engine import SamplingParams
+from specserve.engine import SamplingParams, attention
 from specserve.engine.attention import (
     INVARIANT_QUERY_TILE,
+    SMALL_QUERY_ROWS,
     AttentionMetadata,
     batch_invariant_paged_attention,
+    cpu_paged_attention,
     paged_attention,
 )
 
@@ -196,3 +198,32 @@ def test_smollm2_bf16_greedy_speculation_and_concurrency_are_token_identical():
     assert _decode(llm, prompts, plain, 3) == reference
     assert _decode(llm, prompts, spec, 1) == reference
     assert _decode(llm, prompts, spec, 3) == reference
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_default_cpu_backend_is_sdpa_for_prefills_and_the_same_maths_for_the_rest(qkv, case):
+    """The default CPU backend: prefill chunks (more than SMALL_QUERY_ROWS query rows) go to SDPA
+    unchanged; decodes and windows go through matmuls, the same attention at transformers-eager
+    precision (bf16 scores), and in float32 the same to rounding."""
+    batch = CASES[case]
+    ours, ref = _attention(cpu_paged_attention, batch, qkv), _attention(paged_attention, batch, qkv)
+    as_float = {sid: tuple(t.float() for t in tensors) for sid, tensors in qkv.items()}
+    ours32 = _attention(cpu_paged_attention, batch, as_float, torch.float32)
+    ref32 = _attention(paged_attention, batch, as_float, torch.float32)
+    for sid, _ctx, n_q in batch:
+        if n_q > SMALL_QUERY_ROWS:
+            assert torch.equal(ours[sid], ref[sid]), sid
+        else:
+            assert (ours[sid].float() - ref[sid].float()).abs().max() < 0.05, sid
+            assert (ours32[sid] - ref32[sid]).abs().max() < 1e-5, sid
+
+
+def test_default_cpu_backend_tiles_many_sequences_without_changing_rows(qkv, monkeypatch):
+    """Scores are materialised a few sequences at a time (SCORE_TILE_ELEMENTS); a tile of one
+    sequence gives every row exactly what one tile of all three does."""
+    batch = CASES["decode next to a longer context"]
+    whole = _attention(cpu_paged_attention, batch, qkv)
+    monkeypatch.setattr(attention, "SCORE_TILE_ELEMENTS", 1)
+    tiled = _attention(cpu_paged_attention, batch, qkv)
+    for sid, _ctx, _n_q in batch:
+        assert torch.equal(tiled[sid], whole[sid]), sid

@@ -58,9 +58,10 @@ def test_logits_match_transformers(tmp_path, arch):
 
 
 def test_attention_backend_selection():
-    from specserve.engine.attention import paged_attention, select_attention_backend
+    from specserve.engine.attention import cpu_paged_attention, select_attention_backend
 
-    assert select_attention_backend("cpu") == ("torch_sdpa", paged_attention)
+    assert select_attention_backend("cpu") == ("cpu_sdpa_prefill_matmul_decode", cpu_paged_attention)
+    assert select_attention_backend("cpu", batch_invariant=True)[0] == "batch_invariant"
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma"])

@@ -1,0 +1,199 @@
+"""Attention backends side by side: one model's whole forward (all layers, paged KV) per batch shape,
+with torch SDPA everywhere and with the default CPU backend (SDPA for prefill chunks, matmuls for
+decodes and verification windows). Arms alternate within every repeat; the table gives the median
+forward time of each and the paired ratio SDPA / default (> 1: the default is faster).
+
+    python -m specserve.benchmarks.bench_attention --model-path Qwen/Qwen2.5-Coder-1.5B-Instruct \\
+        --sequences 1,4,8,16 --context 256,1024 --queries 1,5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specserve.engine.attention import AttentionBackend, cpu_paged_attention, paged_attention
+from specserve.engine.builder import load_model
+from specserve.engine.config import ModelSpec
+from specserve.engine.models.decoder import CausalDecoder
+from specserve.engine.runner import SequenceInput, forward_sequences
+
+from .common import fmt, md_table, progress
+from .harness import (
+    add_output_args,
+    envelope,
+    markdown_document,
+    output_dir,
+    print_report,
+    pyplot,
+    save_figure,
+    write_report,
+)
+
+SCHEMA = "specserve.bench.attention/1"
+KIND = "attention"
+BLOCK_SIZE = 16
+BACKENDS: dict[str, AttentionBackend] = {"sdpa": paged_attention, "default": cpu_paged_attention}
+
+
+def _int_list(text: str) -> list[int]:
+    """A comma list of positive integers (argparse type)."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers (comma list), got {text!r}")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    values = _int_list(text)
+    if len(values) != 1:
+        raise argparse.ArgumentTypeError(f"expected one positive integer, got {text!r}")
+    return values[0]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bench_attention", description=__doc__.splitlines()[0])
+    p.add_argument("--model-path", default=None, help="model (default: the embedded SmolLM2-135M)")
+    p.add_argument("--quantization-encoding", default="bfloat16")
+    p.add_argument("--sequences", type=_int_list, default=[1, 4, 8], help="batch sizes (comma list)")
+    p.add_argument(
+        "--context", type=_int_list, default=[256, 1024], help="tokens already cached per sequence"
+    )
+    p.add_argument("--queries", type=_int_list, default=[1, 5], help="new tokens per sequence (1 = decode)")
+    p.add_argument("--repeats", type=_positive_int, default=5, help="timed forwards per arm and shape")
+    p.add_argument("--cache-dir", default=None)
+    add_output_args(p, KIND)
+    return p
+
+
+def _forward_seconds(
+    model: CausalDecoder,
+    kv_cache: list[tuple[torch.Tensor, torch.Tensor]],
+    tables: list[list[int]],
+    context: int,
+    queries: int,
+) -> float:
+    seqs = [SequenceInput([1] * queries, context, table, queries) for table in tables]
+    start = time.perf_counter()
+    forward_sequences(model, kv_cache, seqs, BLOCK_SIZE)
+    return time.perf_counter() - start
+
+
+def _use(model: CausalDecoder, backend: AttentionBackend) -> None:
+    for module in model.modules():
+        if hasattr(module, "attention_backend"):
+            module.attention_backend = backend
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    spec = ModelSpec(model_path=args.model_path, quantization_encoding=args.quantization_encoding)
+    model = load_model(spec, args.cache_dir).model.eval()
+    longest = max(args.context) + max(args.queries)
+    blocks_per_seq = -(-longest // BLOCK_SIZE)
+    num_slots = max(args.sequences) * blocks_per_seq * BLOCK_SIZE + 1  # + the reserved padding slot
+    # The cached context is random K/V rather than a prefilled prompt's: attention costs the same
+    # over any values (but not over untouched zero pages, which all map to one page in the cache).
+    kv_cache = model.allocate_kv_cache(num_slots, spec.dtype, spec.device)
+    for keys, values in kv_cache:
+        keys.normal_()
+        values.normal_()
+    shapes = [(s, c, q) for s in args.sequences for c in args.context for q in args.queries]
+    rows: list[dict[str, Any]] = []
+    with progress(len(shapes), "attention", args.no_progress) as bar:
+        for num_seqs, context, queries in shapes:
+            tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(num_seqs)]
+            times: dict[str, list[float]] = {name: [] for name in BACKENDS}
+            for rep in range(args.repeats + 1):  # the first round warms up and is dropped
+                order = list(BACKENDS) if rep % 2 == 0 else list(reversed(BACKENDS))
+                for name in order:
+                    _use(model, BACKENDS[name])
+                    seconds = _forward_seconds(model, kv_cache, tables, context, queries)
+                    if rep > 0:
+                        times[name].append(seconds)
+            ratios = [a / b for a, b in zip(times["sdpa"], times["default"], strict=True)]
+            rows.append(
+                {
+                    "sequences": num_seqs,
+                    "context": context,
+                    "queries": queries,
+                    "sdpa_ms": [t * 1e3 for t in times["sdpa"]],
+                    "default_ms": [t * 1e3 for t in times["default"]],
+                    "sdpa_ms_median": statistics.median(times["sdpa"]) * 1e3,
+                    "default_ms_median": statistics.median(times["default"]) * 1e3,
+                    "sdpa_over_default": statistics.median(ratios),
+                }
+            )
+            bar.update(1)
+    report = envelope(SCHEMA, "bench_attention", argv)
+    report.update(
+        config={k: v for k, v in vars(args).items() if k not in ("output_dir", "no_plots", "no_progress")},
+        threads=torch.get_num_threads(),
+        results=rows,
+    )
+    return report
+
+
+def markdown(report: dict[str, Any]) -> str:
+    rows = [
+        [
+            str(r["sequences"]),
+            str(r["context"]),
+            str(r["queries"]),
+            fmt(r["sdpa_ms_median"], 1),
+            fmt(r["default_ms_median"], 1),
+            fmt(r["sdpa_over_default"], 2, "x"),
+        ]
+        for r in report["results"]
+    ]
+    header = ["sequences", "context", "new tokens each", "SDPA ms", "default ms", "SDPA / default"]
+    lines = [
+        "# attention backends",
+        "",
+        f"`{report['command']}`",
+        "",
+        f"Whole forward of {report['config']['model_path'] or 'the embedded SmolLM2-135M'}"
+        f" ({report['config']['quantization_encoding']}, {report['threads']} threads), median of"
+        f" {report['config']['repeats']} per arm; the ratio is the median of paired ratios.",
+        "",
+        md_table(header, rows),
+    ]
+    return markdown_document(lines, report)
+
+
+def plot(report: dict[str, Any], out_dir: Path) -> list[str]:
+    plt = pyplot()
+    if plt is None:
+        return []
+    results = report["results"]
+    labels = [f"{r['sequences']}x{r['queries']} @{r['context']}" for r in results]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(labels)), 4))
+    ax.bar(range(len(labels)), [r["sdpa_over_default"] for r in results], color="tab:blue")
+    ax.axhline(1.0, color="grey", linewidth=1)
+    ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel("SDPA forward time / default forward time")
+    ax.set_title("sequences x new tokens @ cached context")
+    fig.tight_layout()
+    return [save_figure(plt, fig, out_dir / f"{KIND}.png")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    torch.manual_seed(0)
+    report = run(args, argv)
+    write_report(report, output_dir(args, KIND), KIND, markdown, plot, plots=not args.no_plots)
+    print_report(report, markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,6 +13,7 @@ import argparse
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--queries", type=_int_list, default=[1, 5], help="new tokens per sequence (1 = decode)")
     p.add_argument("--repeats", type=_positive_int, default=5, help="timed forwards per arm and shape")
+    p.add_argument(
+        "--thread",
+        choices=("worker", "main"),
+        default="worker",
+        help="run the forwards in a worker thread, as `specserve serve` runs its steps, or in the main"
+        " thread, as an in-process LLM.generate does (glibc's heap treats their temporaries differently)",
+    )
     p.add_argument("--cache-dir", default=None)
     add_output_args(p, KIND)
     return p
@@ -95,6 +103,13 @@ def _use(model: CausalDecoder, backend: AttentionBackend) -> None:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    if args.thread == "main":
+        return _run(args, argv)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-attention") as worker:
+        return worker.submit(_run, args, argv).result()
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     spec = ModelSpec(model_path=args.model_path, quantization_encoding=args.quantization_encoding)
     model = load_model(spec, args.cache_dir).model.eval()
     longest = max(args.context) + max(args.queries)
@@ -161,7 +176,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"`{report['command']}`",
         "",
         f"Whole forward of {report['config']['model_path'] or 'the embedded SmolLM2-135M'}"
-        f" ({report['config']['quantization_encoding']}, {report['threads']} threads), median of"
+        f" ({report['config']['quantization_encoding']}, {report['threads']} threads, in the"
+        f" {report['config']['thread']} thread), median of"
         f" {report['config']['repeats']} per arm; the ratio is the median of paired ratios.",
         "",
         md_table(header, rows),

@@ -10,9 +10,11 @@ import pytest
 from specserve.benchmarks import bench_attention
 
 
-def test_tiny_run_times_both_backends_for_every_shape(tiny_llama_dir, tmp_path, capsys):
+@pytest.mark.parametrize("thread", ["worker", "main"])
+def test_tiny_run_times_both_backends_for_every_shape(tiny_llama_dir, tmp_path, capsys, thread):
     rc = bench_attention.main(
         [
+            "--thread", thread,
             "--model-path", str(tiny_llama_dir),
             "--sequences", "1,3",
             "--context", "40",
@@ -25,7 +27,7 @@ def test_tiny_run_times_both_backends_for_every_shape(tiny_llama_dir, tmp_path, 
     )  # fmt: skip
     assert rc == 0
     report = json.loads((tmp_path / "out" / "attention.json").read_text())
-    assert report["schema"] == bench_attention.SCHEMA
+    assert report["schema"] == bench_attention.SCHEMA and report["config"]["thread"] == thread
     shapes = [(r["sequences"], r["context"], r["queries"]) for r in report["results"]]
     assert shapes == [(1, 40, 1), (1, 40, 20), (3, 40, 1), (3, 40, 20)]
     for row in report["results"]:
@@ -37,7 +39,9 @@ def test_tiny_run_times_both_backends_for_every_shape(tiny_llama_dir, tmp_path, 
     assert "| sequences | context |" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv", [["--sequences", "0,4"], ["--context", "many"], ["--repeats", "0"]])
+@pytest.mark.parametrize(
+    "argv", [["--sequences", "0,4"], ["--context", "many"], ["--repeats", "0"], ["--thread", "other"]]
+)
 def test_bad_arguments_are_one_line_errors(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench_attention.main(argv)

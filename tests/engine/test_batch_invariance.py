@@ -219,8 +219,9 @@ def test_default_cpu_backend_is_sdpa_for_prefills_and_the_same_maths_for_the_res
 
 
 def test_default_cpu_backend_tiles_many_sequences_without_changing_rows(qkv, monkeypatch):
-    """Scores are materialised a few sequences at a time (SCORE_TILE_ELEMENTS); a tile of one
-    sequence gives every row exactly what one tile of all three does."""
+    """Contexts are gathered and scored a few sequences at a time (SCORE_TILE_ELEMENTS,
+    GATHER_TILE_ELEMENTS); a tile of one sequence gives every row exactly what one tile of all three
+    does."""
     batch = CASES["decode next to a longer context"]
     whole = _attention(cpu_paged_attention, batch, qkv)
     monkeypatch.setattr(attention, "SCORE_TILE_ELEMENTS", 1)

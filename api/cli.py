@@ -133,15 +133,15 @@ def run_serve(settings) -> None:
     config = engine_config_from(settings)
     # Imported here, not at the top: the server's aiohttp stack is not needed by the other commands,
     # and the engine's torch not before the flags are known to be good.
-    from specserve.engine.engine_core import EngineCore
+    from specserve.engine.async_engine import AsyncEngine
 
     from .server import serve
 
     try:
-        core = EngineCore(config)
+        engine = AsyncEngine.build(config)  # on the thread its steps run on (engine/async_engine.py)
     except _startup_errors() as exc:
         raise CliError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
-    asyncio.run(serve(core, settings))
+    asyncio.run(serve(engine, settings))
 
 
 def run_generate(settings) -> None:

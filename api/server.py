@@ -11,7 +11,6 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from specserve.engine.async_engine import AsyncEngine
-from specserve.engine.engine_core import EngineCore
 
 from .app import SERVING_KEY, build_app
 
@@ -40,8 +39,8 @@ def http_logger() -> logging.Logger:
     return http_log
 
 
-async def serve(core: EngineCore, settings) -> None:
-    engine = AsyncEngine(core)
+async def serve(engine: AsyncEngine, settings) -> None:
+    """Serve `engine` (built with AsyncEngine.build) until a signal."""
     engine.start()
     name = settings.served_model_name or engine.model_path or "HuggingFaceTB/SmolLM2-135M-Instruct"
     app = build_app(
@@ -54,7 +53,7 @@ async def serve(core: EngineCore, settings) -> None:
         read_timeout=settings.request_read_timeout,
         log_stats_interval=settings.log_stats_interval,
         access_log=not settings.no_access_log,
-        max_model_len=core.max_length,
+        max_model_len=engine.max_length,
         tool_call_parser=settings.tool_call_parser,
     )
     runner = web.AppRunner(

@@ -13,15 +13,29 @@ from specserve.engine.spec_controller import Preview
 
 def find_match(tokens: np.ndarray, ngram_min: int, ngram_max: int, k: int) -> tuple[int, list[int]]:
     """tokens: [L] int64. (n, up to k tokens that followed the latest earlier match of the last n
-    tokens), n from ngram_max down to ngram_min; (0, []) without a match."""
+    tokens), n from ngram_max down to ngram_min; (0, []) without a match.
+
+    One pass over the sequence finds the earlier occurrences of its last token; each one's match is
+    then extended backwards on those few candidates only (a window comparison per n cost ~100 us a
+    request at 800 tokens, ~3.5 ms of every 32-request SmolLM2 step)."""
     length = len(tokens)
-    for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
-        suffix = tokens[length - n :]
-        # Candidate windows start at 0..L-n-1 (the suffix itself excluded).
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)  # [L-n, n]
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
+    top = min(ngram_max, length - 1)
+    if top < ngram_min:
+        return 0, []
+    ends = np.flatnonzero(tokens[: length - 1] == tokens[length - 1])  # [M] candidate match ends
+    if ends.size == 0:
+        return 0, []
+    matched = np.ones(ends.size, dtype=np.int64)  # [M] match length so far, capped at `top`
+    still = np.ones(ends.size, dtype=bool)  # [M] every token so far matched
+    for back in range(1, top):
+        before = ends - back  # [M]; negative where the candidate starts too early
+        still &= before >= 0
+        still &= tokens[np.maximum(before, 0)] == tokens[length - 1 - back]
+        matched += still
+    for n in range(top, ngram_min - 1, -1):
+        hits = ends[matched >= n]
         if hits.size:
-            start = int(hits[-1]) + n
+            start = int(hits[-1]) + 1
             return n, tokens[start : start + k].tolist()
     return 0, []
 

@@ -68,3 +68,28 @@ def test_a_broken_preview_costs_only_the_hint(tiny_llama_dir, caplog):
         assert sum(counted in r.getMessage() for r in caplog.records) == 1  # logged once
         assert sum(o.spec.num_draft_tokens for o in outs) > 0  # it still drafts, without the hint
         caplog.clear()
+
+
+def _find_match_by_windows(tokens: np.ndarray, ngram_min: int, ngram_max: int, k: int):
+    """The straightforward definition: every window of every n compared with the suffix."""
+    length = len(tokens)
+    for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)  # [L-n, n]
+        hits = np.flatnonzero((windows == tokens[length - n :]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return n, tokens[start : start + k].tolist()
+    return 0, []
+
+
+def test_find_match_equals_comparing_every_window():
+    rng = np.random.default_rng(0)
+    for case in range(3000):
+        length = int(rng.integers(1, 60))
+        vocab = int(rng.integers(1, 6))  # small vocabularies: many partial and overlapping matches
+        tokens = rng.integers(0, vocab, size=length).astype(np.int64)
+        ngram_min = int(rng.integers(1, 4))
+        ngram_max = ngram_min + int(rng.integers(0, 4))
+        k = int(rng.integers(1, 8))
+        expected = _find_match_by_windows(tokens, ngram_min, ngram_max, k)
+        assert find_match(tokens, ngram_min, ngram_max, k) == expected, (case, tokens.tolist())

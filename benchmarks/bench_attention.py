@@ -55,10 +55,10 @@ def _int_list(text: str) -> list[int]:
 
 
 def _positive_int(text: str) -> int:
-    values = _int_list(text)
-    if len(values) != 1:
-        raise argparse.ArgumentTypeError(f"expected one positive integer, got {text!r}")
-    return values[0]
+    """A positive integer (argparse type)."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:

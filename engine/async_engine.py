@@ -5,8 +5,10 @@ stream tokens. `AsyncEngine.build` loads the engine on that same thread: every t
 then runs on one thread and one OpenMP team. A second team (loading in the main thread, steps in the
 worker) puts more OpenMP threads than cores in the process, and libgomp then stops spinning between
 parallel regions: every region pays a wake-up, and the 0.5B int4 draft's one-token forward took 32 ms
-instead of 23 ms (AMD EPYC, 2 threads), in both threads. A request's stream is an asyncio.Queue fed with that request's RequestOutputs; when the
-consumer goes away (client disconnect -> task cancelled) the request is aborted and its blocks freed.
+instead of 23 ms (AMD EPYC, 2 threads), in both threads.
+
+A request's stream is an asyncio.Queue fed with that request's RequestOutputs; when the consumer goes
+away (client disconnect -> task cancelled) the request is aborted and its blocks freed.
 
 The API layer reads the engine only through this class (and the EngineSnapshot it hands out), never
 through the core's scheduler, KV manager or config.

@@ -192,19 +192,36 @@ def _write_and_gather(
     meta: AttentionMetadata,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Store the new K/V, then gather padded per-sequence tensors: q [S, Q, H, D], k/v [S, C, KVH, D]."""
+    _write_new_kv(k, v, k_cache, v_cache, meta)
+    keys = _gather_context(k_cache, meta.context_slots).to(q.dtype)
+    values = _gather_context(v_cache, meta.context_slots).to(q.dtype)
+    return _padded_queries(q, meta), keys, values
+
+
+def _write_new_kv(
+    k: torch.Tensor,  # [T, KVH, D]
+    v: torch.Tensor,  # [T, KVH, D]
+    k_cache: torch.Tensor,  # [num_slots, KVH, D]
+    v_cache: torch.Tensor,  # [num_slots, KVH, D]
+    meta: AttentionMetadata,
+) -> None:
     k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
     v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
-    num_seqs, max_q = meta.query_index.shape
-    max_c = meta.context_slots.shape[1]
-    flat_slots = meta.context_slots.view(-1)
+
+
+def _gather_context(
+    cache: torch.Tensor,  # [num_slots, KVH, D]
+    context_slots: torch.Tensor,  # [S, C] slot of each context position (pad -> pad_slot)
+) -> torch.Tensor:  # [S, C, KVH, D] in the cache's dtype
     # index_select on the flat slot array is much cheaper than 2-D advanced indexing on CPU.
-    keys = k_cache.index_select(0, flat_slots).view(num_seqs, max_c, *k_cache.shape[1:]).to(q.dtype)
-    values = v_cache.index_select(0, flat_slots).view(num_seqs, max_c, *v_cache.shape[1:]).to(q.dtype)
+    return cache.index_select(0, context_slots.reshape(-1)).view(*context_slots.shape, *cache.shape[1:])
+
+
+def _padded_queries(q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:  # [T, H, D] -> [S, Q, H, D]
+    num_seqs, max_q = meta.query_index.shape
     if meta.uniform_queries:
-        queries = q.view(num_seqs, max_q, *q.shape[1:])
-    else:
-        queries = q.index_select(0, meta.query_index.view(-1)).view(num_seqs, max_q, *q.shape[1:])
-    return queries, keys, values
+        return q.view(num_seqs, max_q, *q.shape[1:])
+    return q.index_select(0, meta.query_index.view(-1)).view(num_seqs, max_q, *q.shape[1:])
 
 
 def _flatten_output(out: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -337,16 +354,11 @@ def _matmul_attention(
     batch. Gathered whole, 32 SmolLM2 decodes at 1024 keys made 12.6 MB K and V tensors (and copies)
     per layer, which glibc mapped afresh and faulted in every layer: their forward took 0.74-0.81 s,
     SDPA's 0.51-0.72 s."""
-    k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
-    num_seqs, max_q = meta.query_index.shape
-    max_c = meta.context_slots.shape[1]
-    heads, dim, kv_heads = q.shape[1], q.shape[2], k_cache.shape[1]
+    _write_new_kv(k, v, k_cache, v_cache, meta)
+    queries = _padded_queries(q, meta)  # [S, Q, H, D]
+    num_seqs, max_q, heads, dim = queries.shape
+    max_c, kv_heads = meta.context_slots.shape[1], k_cache.shape[1]
     group = heads // kv_heads
-    if meta.uniform_queries:
-        queries = q.view(num_seqs, max_q, heads, dim)
-    else:
-        queries = q.index_select(0, meta.query_index.view(-1)).view(num_seqs, max_q, heads, dim)
     rows = queries.permute(0, 2, 1, 3).reshape(num_seqs, kv_heads, group * max_q, dim)  # rows (g, q)
     out = queries.new_empty(num_seqs, kv_heads, group * max_q, dim)
     per_seq = max(heads * max_q * max_c, 2 * kv_heads * max_c * dim)  # scores, or gathered K and V
@@ -354,13 +366,11 @@ def _matmul_attention(
     for s0 in range(0, num_seqs, s_tile):
         s1 = min(s0 + s_tile, num_seqs)
         n = s1 - s0
-        slots = meta.context_slots[s0:s1].reshape(-1)
+        slots = meta.context_slots[s0:s1]  # [n, C]
         # Contiguous [n, KVH, C, D]: a matmul over the permuted gather takes a strided path that cost
         # 2-3x the copy and the contiguous matmul together.
-        keys = k_cache.index_select(0, slots).view(n, max_c, kv_heads, dim).permute(0, 2, 1, 3)
-        values = v_cache.index_select(0, slots).view(n, max_c, kv_heads, dim).permute(0, 2, 1, 3)
-        keys = keys.to(q.dtype).contiguous()
-        values = values.to(q.dtype).contiguous()
+        keys = _gather_context(k_cache, slots).permute(0, 2, 1, 3).to(q.dtype).contiguous()
+        values = _gather_context(v_cache, slots).permute(0, 2, 1, 3).to(q.dtype).contiguous()
         scores = torch.matmul(rows[s0:s1], keys.transpose(-1, -2)).float().mul_(scale)  # [n, KVH, G*Q, C]
         scores = scores.view(n, kv_heads, group, max_q, max_c)
         scores.masked_fill_(~meta.attn_mask[s0:s1].view(n, 1, 1, max_q, max_c), float("-inf"))

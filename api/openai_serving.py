@@ -364,6 +364,9 @@ class OpenAIServing:
             else None
         )
 
+        options = body.stream_options
+        continuous_usage = options is not None and options.continuous_usage_stats
+
         def chunk(index: int, out: RequestOutput) -> dict:
             lp = None
             if params.logprobs is not None:
@@ -384,13 +387,21 @@ class OpenAIServing:
                     "finish_reason": out.finish_reason,
                 }
             started.add(index)
-            return {
+            payload: dict[str, Any] = {
                 "id": obj_id,
                 "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": created,
                 "model": self.model_name,
                 "choices": [choice],
             }
+            if continuous_usage:
+                completion = sum(o.num_output_tokens for o in last.values())
+                payload["usage"] = {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion,
+                    "total_tokens": prompt_tokens + completion,
+                }
+            return payload
 
         remaining = len(tasks)
         queue_items = list(first)

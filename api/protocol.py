@@ -7,7 +7,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specserve.engine.sampling_params import MAX_NUM_SPECULATIVE_TOKENS, SamplingParams, StructuredOutput
+from specserve.engine.sampling_params import (
+    MAX_NUM_SPECULATIVE_TOKENS,
+    InvalidParameterError,
+    SamplingParams,
+    StructuredOutput,
+)
 
 TokenIds = list[Annotated[int, Field(ge=0)]]
 
@@ -24,6 +29,9 @@ class SpeculativeOptions(_Base):
 
 class StreamOptions(_Base):
     include_usage: bool = False
+    # vLLM's extension: usage so far (prompt, completion, total tokens) on every chunk, so a client can
+    # count the tokens a chunk carried (with speculation one chunk may carry several).
+    continuous_usage_stats: bool = False
 
 
 class TextPart(_Base):
@@ -88,8 +96,6 @@ class ResponseFormat(_Base):
         if self.type == "json_object":
             return StructuredOutput("json_object", "", "response_format")
         if self.json_schema is None or self.json_schema.json_schema is None:
-            from specserve.engine.sampling_params import InvalidParameterError
-
             raise InvalidParameterError(
                 "response_format", "response_format of type json_schema needs json_schema.schema"
             )
@@ -139,15 +145,29 @@ class SamplingFields(_Base):
     speculative: SpeculativeOptions | None = None
     response_format: ResponseFormat | None = None
 
+    def _check_stream_options(self) -> None:
+        # OpenAI and vLLM refuse stream_options without stream; usage on every chunk without usage at
+        # all is a contradiction, not something to guess at.
+        options = self.stream_options
+        if options is None:
+            return
+        if not self.stream:
+            raise InvalidParameterError(
+                "stream_options", "stream_options is only allowed when stream is true"
+            )
+        if options.continuous_usage_stats and not options.include_usage:
+            raise InvalidParameterError(
+                "stream_options", "stream_options.continuous_usage_stats needs stream_options.include_usage"
+            )
+
     def sampling_params(
         self, max_tokens: int | None, logprobs: int | None, structured: StructuredOutput | None = None
     ) -> SamplingParams:
+        self._check_stream_options()
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         try:
             bias = {int(k): v for k, v in (self.logit_bias or {}).items()}
         except ValueError:
-            from specserve.engine.sampling_params import InvalidParameterError
-
             raise InvalidParameterError("logit_bias", "logit_bias keys must be token ids") from None
         spec = self.speculative or SpeculativeOptions()
         return SamplingParams(

@@ -46,6 +46,59 @@ def test_completion_streaming_matches_non_streaming(client):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
 
 
+def test_continuous_usage_counts_every_chunks_tokens(client):
+    """vLLM's stream_options.continuous_usage_stats: usage so far on every chunk, summed over choices,
+    ending at the final usage (a client counts the tokens each chunk carried from the differences)."""
+    chunks = list(
+        client.completions.create(
+            model="tiny",
+            prompt="The quick brown fox",
+            max_tokens=9,
+            n=2,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    content = [c for c in chunks if c.choices]
+    assert content and all(c.usage is not None for c in content)
+    counts = [c.usage.completion_tokens for c in content]
+    assert counts == sorted(counts) and counts[0] >= 1
+    assert counts[-1] == chunks[-1].usage.completion_tokens == 18  # two choices of 9
+    assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in content)
+    assert {c.usage.prompt_tokens for c in chunks} == {chunks[-1].usage.prompt_tokens}
+
+
+def test_usage_only_at_the_end_without_continuous_usage(client):
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert [c.usage is not None for c in chunks] == [False] * (len(chunks) - 1) + [True]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"stream_options": {"include_usage": True}}, "only allowed when stream is true"),
+        (
+            {"stream": True, "stream_options": {"continuous_usage_stats": True}},
+            "continuous_usage_stats needs stream_options.include_usage",
+        ),
+    ],
+)
+def test_contradictory_stream_options_are_400s(client, extra, message):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="tiny", prompt="hi", max_tokens=2, extra_body=extra)
+    assert message in str(err.value) and err.value.body["param"] == "stream_options"
+
+
 def test_chat_streaming(client):
     stream = client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6, temperature=0, stream=True

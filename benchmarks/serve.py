@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import sys
 import tempfile
 import time
@@ -135,6 +136,24 @@ async def one_request(
     return rec
 
 
+def request_max_tokens(max_tokens: int, range_ratio: float, index: int) -> int:
+    """Output tokens of a cell's `index`-th request: `max_tokens`, or with a range ratio R drawn
+    uniformly from [max_tokens x (1 - R), max_tokens x (1 + R)] (vLLM's benchmark `--random-range-ratio`),
+    seeded by the index alone so that every mode gets the same lengths in the same order. With one length
+    for all, closed-loop clients keep speculation off in lockstep (a wave of requests ends on one step and
+    the next wave's prompts are prefilled together), which traffic of mixed lengths does not."""
+    low, high = max_tokens_range(max_tokens, range_ratio)
+    return low if low == high else random.Random(index).randint(low, high)
+
+
+def max_tokens_range(max_tokens: int, range_ratio: float) -> tuple[int, int]:
+    """(fewest, most) output tokens a request may be given."""
+    if range_ratio <= 0:
+        return max_tokens, max_tokens
+    low = max(1, round(max_tokens * (1 - range_ratio)))
+    return low, max(low, round(max_tokens * (1 + range_ratio)))
+
+
 def request_body(
     messages: list[dict[str, Any]], max_tokens: int, mode: str, model: str | None, static_k: int = 5
 ) -> dict[str, Any]:
@@ -180,10 +199,11 @@ async def run_cell(
             p = prompts[(start_index + i) % len(prompts)]
             rec = RequestRecord(mode, concurrency, p.id)
             records.append(rec)
+            max_tokens = request_max_tokens(args.max_tokens, args.max_tokens_range_ratio, start_index + i)
             await one_request(
                 session,
                 url,
-                request_body(p.messages, args.max_tokens, mode, args.model, args.static_k),
+                request_body(p.messages, max_tokens, mode, args.model, args.static_k),
                 rec,
                 headers,
                 args.request_timeout,
@@ -270,6 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="requests per (level, mode) cell (default: max(4, 2 x level))",
     )
     r.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (EOS ignored)")
+    r.add_argument(
+        "--max-tokens-range-ratio",
+        type=float,
+        default=0.0,
+        help="R in [0, 1): each request's output tokens drawn uniformly from --max-tokens x [1 - R, 1 + R],"
+        " the same lengths for every mode (default 0: all --max-tokens)",
+    )
     r.add_argument("--categories", default="all", help=f"prompt categories: {', '.join(CATEGORIES)} or all")
     r.add_argument(
         "--modes",
@@ -297,6 +324,8 @@ def _plan(args: argparse.Namespace) -> tuple[list[int], list[str], dict[int, int
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
         raise BenchError(f"--modes must be a comma list of {', '.join(MODES)}")
+    if not 0 <= args.max_tokens_range_ratio < 1:
+        raise BenchError("--max-tokens-range-ratio must be in [0, 1)")
     if not 0 <= args.static_k <= MAX_NUM_SPECULATIVE_TOKENS:
         raise BenchError(f"--static-k must be in [0, {MAX_NUM_SPECULATIVE_TOKENS}]")
     per = {c: args.requests_per_level or max(4, 2 * c) for c in levels}
@@ -347,6 +376,7 @@ async def sweep(
 def _warm_args(args: argparse.Namespace) -> argparse.Namespace:
     warm = argparse.Namespace(**vars(args))
     warm.max_tokens = min(args.max_tokens, 8)
+    warm.max_tokens_range_ratio = 0.0
     return warm
 
 
@@ -432,6 +462,8 @@ def run_benchmark(args: argparse.Namespace, argv: list[str], server_args: list[s
             "modes": modes,
             "requests_per_level": per,
             "max_tokens": args.max_tokens,
+            "max_tokens_range_ratio": args.max_tokens_range_ratio,
+            "max_tokens_range": list(max_tokens_range(args.max_tokens, args.max_tokens_range_ratio)),
             "categories": parse_categories(args.categories),
             "repeats": args.repeats,
             "warmup": args.warmup,

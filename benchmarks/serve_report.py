@@ -50,12 +50,19 @@ def _intro(report: Report) -> list[str]:
         + (f" launched with `{' '.join(launched)}`" if launched else "")
         + ".",
         "",
-        f"Streaming chat completions, greedy, {cfg['max_tokens']} output tokens (EOS ignored), requests per "
+        f"Streaming chat completions, greedy, {_lengths(cfg)} output tokens (EOS ignored), requests per "
         f"cell {cfg['requests_per_level']}, {cfg['repeats']} repeat(s); speculation toggled per request on one "
         "server. ITL = gap between streamed chunks (a chunk may carry several accepted tokens); "
         "TPOT = (E2E - TTFT) / (tokens - 1).",
         "",
     ]
+
+
+def _lengths(cfg: dict[str, Any]) -> str:
+    low, high = cfg.get("max_tokens_range") or (cfg["max_tokens"], cfg["max_tokens"])
+    if low == high:
+        return str(low)
+    return f"{low}-{high} (uniform per request, the same lengths in every mode)"
 
 
 def _cell_row(cell: dict[str, Any], repeats: int) -> list[str]:

@@ -144,3 +144,37 @@ def test_plan_is_bounded(tmp_path, capsys):
     assert code == 2 and "max-total-requests" in capsys.readouterr().err
     code = serve.main(["--base-url", "http://8.8.8.8:80", "--output-dir", str(tmp_path)])
     assert code == 2
+
+
+def test_request_lengths_spread_the_same_way_for_every_mode():
+    lengths = [serve.request_max_tokens(32, 0.5, i) for i in range(200)]
+    assert lengths == [serve.request_max_tokens(32, 0.5, i) for i in range(200)]  # by index alone
+    assert min(lengths) == 16 and max(lengths) == 48  # uniform over [16, 48]: both ends come up
+    assert 28 < sum(lengths) / len(lengths) < 36
+    assert {serve.request_max_tokens(32, 0.0, i) for i in range(50)} == {32}
+    assert serve.max_tokens_range(1, 0.9) == (1, 2)
+
+
+def test_mixed_lengths_against_a_server(tiny_llama_dir, tmp_path):
+    server = start_server(tiny_llama_dir, tmp_path)
+    try:
+        out = tmp_path / "out"
+        args = ["--base-url", server.base_url, "--concurrency", "2", "--requests-per-level", "6"]
+        args += ["--max-tokens", "10", "--max-tokens-range-ratio", "0.5", "--categories", "qa"]
+        args += ["--modes", "off,adaptive", "--warmup", "0", "--no-progress", "--output-dir", str(out)]
+        code = serve.main(args)
+    finally:
+        server.stop()
+    assert code == 0
+    report = json.loads((out / "serve.json").read_text())
+    assert report["config"]["max_tokens_range"] == [5, 15]
+    totals = {c["mode"]: c["output_tokens"] for c in report["cells"]}
+    expected = sum(serve.request_max_tokens(10, 0.5, i) for i in range(6))
+    assert totals == {"off": expected, "adaptive": expected} and expected != 60
+    assert "5-15 (uniform per request" in (out / "serve.md").read_text()
+
+
+def test_bad_range_ratio_is_refused(capsys):
+    args = ["--base-url", "http://127.0.0.1:1", "--no-progress", "--max-tokens-range-ratio", "1"]
+    assert serve.main(args) == 2
+    assert "--max-tokens-range-ratio must be in [0, 1)" in capsys.readouterr().err

@@ -261,10 +261,11 @@ class EngineCore:
         decision = sched.speculation
         setup = decision.setup_tokens if decision is not None else 0  # catch-up tokens proposers fed
         num_seqs, num_tokens = len(batch.sequences), sum(len(q.token_ids) for q in batch.sequences)
+        prefill_tokens = sum(s.num_new_tokens for s in sched.scheduled if s.num_new_tokens > 1)
         record = StepRecord(
             num_sequences=num_seqs,
             num_tokens=num_tokens,
-            prefill_tokens=sum(s.num_new_tokens for s in sched.scheduled if s.num_new_tokens > 1),
+            prefill_tokens=prefill_tokens,
             drafting=sum(1 for s in sched.scheduled if s.num_speculative_tokens > 0),
             draft_tokens=sum(s.num_speculative_tokens for s in sched.scheduled),
             probes=len(decision.probed) if decision is not None else 0,
@@ -291,10 +292,10 @@ class EngineCore:
         draft_steps = max((s.num_speculative_tokens for s in drafting), default=0)
         # Priced before this step teaches the model. The step that ran, not the one the controller
         # weighed: that one had no requests admitted after its choice (their prefill chunks).
-        predicted = cost.target_seconds(num_seqs, num_tokens)
-        predicted_step = cost.step_seconds(num_seqs, num_tokens, len(drafting), draft_steps)
+        predicted = cost.target_seconds(num_seqs, num_tokens, prefill_tokens)
+        predicted_step = cost.step_seconds(num_seqs, num_tokens, len(drafting), draft_steps, prefill_tokens)
         self.stats.events.forward_costs.append((num_seqs, num_tokens, predicted, forward_seconds))
-        cost.observe_target(num_seqs, num_tokens, forward_seconds)
+        cost.observe_target(num_seqs, num_tokens, forward_seconds, prefill_tokens)
         probed = set(decision.probed) if decision is not None else set()
         probe_only = bool(drafting) and all(s.request.request_id in probed for s in drafting)
         if probe_only:

@@ -70,7 +70,8 @@ REALIZED_AGEING = 0.99
 # draft's: drafting steps are rare when drafting rarely pays, and they alone show what a row adds.
 CALIBRATION_DECAY = 0.98  # per measured forward (memory ~50 forwards): the slope
 OFFSET_ALPHA = 0.2  # the offset (replaying two batch-1 runs' forwards: median error 5% vs 7% for a ratio)
-# A forward with more tokens than this per sequence is mostly prefill: calibrated apart from decode.
+# A forward with more tokens than this per sequence is mostly prefill: calibrated apart from decode
+# when the caller does not say how many of its tokens were prompt tokens.
 PREFILL_TOKENS_PER_SEQUENCE = 32
 # Pull of the calibration's slope towards "measured / profiled", in pseudo-forwards whose profiled
 # times differ by 25% from the mean: without forwards of different sizes the calibration is that
@@ -122,19 +123,26 @@ def _bucket(n: int) -> int:
     return max(n, 1).bit_length()
 
 
-def _calibration_key(num_sequences: int, num_tokens: int) -> tuple[int, bool, bool]:
-    """(batch bucket, mostly prefill, more rows than sequences). Steps with windows (or prefill
-    chunks) are calibrated apart from plain decode steps of the same batch: the profile is one
-    sequence, and in a batch the first rows beyond one per sequence cost far more than its shape
-    says (SmolLM2 bf16, 16 requests of ~400 tokens: 0.10 s plain, 0.15-0.16 s with 8-16 draft rows,
-    where the profile is flat from 24 to 32 tokens; calibrated together, the fit priced those
-    rows at nothing and the controller drafted at 0.8x of the plain speed)."""
+def _calibration_key(
+    num_sequences: int, num_tokens: int, prefill_tokens: int | None = None
+) -> tuple[int, bool, bool]:
+    """(batch bucket, prefill, more rows than sequences). Steps with windows are calibrated apart from
+    plain decode steps of the same batch: the profile is one sequence, and in a batch the first rows
+    beyond one per sequence cost far more than its shape says (SmolLM2 bf16, 16 requests of ~400
+    tokens: 0.10 s plain, 0.15-0.16 s with 8-16 draft rows, where the profile is flat from 24 to 32
+    tokens; calibrated together, the fit priced those rows at nothing and the controller drafted at
+    0.8x of the plain speed). Steps with a prefill chunk are calibrated apart from both: a prompt's
+    token costs less than a draft row (no logits, no verification; SmolLM2 bf16 at 16-32 clients on
+    the EPYC VM: ~1.0 ms against ~2.0 ms), and steps of 31 decodes beside a 300-token chunk, counted
+    with the windows, set their calibration's slope to 0.85x the profile's, so that draft rows at 32
+    sequences were priced at nothing again. `prefill_tokens` None (unknown): a step of more than
+    PREFILL_TOKENS_PER_SEQUENCE tokens per sequence counts as prefill."""
     num_sequences = max(1, num_sequences)
-    return (
-        _bucket(num_sequences),
-        num_tokens > PREFILL_TOKENS_PER_SEQUENCE * num_sequences,
-        num_tokens > num_sequences,
-    )
+    if prefill_tokens is None:
+        prefill = num_tokens > PREFILL_TOKENS_PER_SEQUENCE * num_sequences
+    else:
+        prefill = prefill_tokens > 0
+    return _bucket(num_sequences), prefill, num_tokens > num_sequences
 
 
 # --- acceptance ------------------------------------------------------------------------------------
@@ -419,9 +427,9 @@ class StepCostModel:
         segment's slope beyond the last."""
         return _interpolate(self._xs, self._ys, num_tokens)
 
-    def target_seconds(self, num_sequences: int, num_tokens: int) -> float:
+    def target_seconds(self, num_sequences: int, num_tokens: int, prefill_tokens: int | None = None) -> float:
         profiled = self.curve(num_tokens)
-        bucket, prefill, multi_row = _calibration_key(num_sequences, num_tokens)
+        bucket, prefill, multi_row = _calibration_key(num_sequences, num_tokens, prefill_tokens)
         # Until a step of this kind was measured, the other kind of the same batch stands in for it.
         calibration = self._calibration.get((bucket, prefill, multi_row)) or self._calibration.get(
             (bucket, prefill, not multi_row)
@@ -509,20 +517,27 @@ class StepCostModel:
         return self._probe_draft if self._probe_draft is not None else self.draft_seconds(1, 1)
 
     def step_seconds(
-        self, num_sequences: int, num_tokens: int, draft_requests: int, draft_steps: int
+        self,
+        num_sequences: int,
+        num_tokens: int,
+        draft_requests: int,
+        draft_steps: int,
+        prefill_tokens: int | None = None,
     ) -> float:
         return (
-            self.target_seconds(num_sequences, num_tokens)
+            self.target_seconds(num_sequences, num_tokens, prefill_tokens)
             + self.draft_seconds(draft_requests, draft_steps)
             + self.overhead_seconds
         )
 
     # --- online measurements ---------------------------------------------------------------------
-    def observe_target(self, num_sequences: int, num_tokens: int, seconds: float) -> None:
+    def observe_target(
+        self, num_sequences: int, num_tokens: int, seconds: float, prefill_tokens: int | None = None
+    ) -> None:
         base = self.curve(num_tokens)
         if base <= 0 or seconds <= 0:
             return
-        key = _calibration_key(num_sequences, num_tokens)
+        key = _calibration_key(num_sequences, num_tokens, prefill_tokens)
         calibration = self._calibration.setdefault(key, _Calibration())
         bucket, prefill, _ = key
         if prefill:
@@ -790,20 +805,23 @@ class SpeculationController:
         prices: dict[tuple[int, int, int], float] = {}
         # Drafts are weighed by what they add to the step against what plain decode steps of this
         # batch emit in that time, so a step that also prefills is priced as the decode step it
-        # would be (its decode requests' share of one) plus what the drafts add to it. By its own
-        # tokens per second a prefill step is slow, and any drafts that beat it looked worth it: at
-        # 16-32 Qwen-pair clients (AMD EPYC) steps with prompts admitted took catch-ups of thousands
-        # of tokens whose drafts emitted fewer tokens a second than plain decode steps did.
+        # would be (its decode requests' share of one) plus what the drafts add to a decode step.
+        # By its own tokens per second a prefill step is slow, and any drafts that beat it looked
+        # worth it: at 16-32 Qwen-pair clients (AMD EPYC) steps with prompts admitted took catch-ups
+        # of thousands of tokens whose drafts emitted fewer tokens a second than plain decode steps
+        # did. And a draft row costs there what it costs in a decode step, not what a prompt's token
+        # does (SmolLM2 bf16 at 16-32 clients on the EPYC VM: ~1.9 ms against ~2.0-2.2 in decode
+        # steps and ~1.0 for a prompt's token; priced along the prefill steps' curve, drafts there
+        # cost half their price).
         plain_seconds = self.cost.step_seconds(num_sequences, num_sequences, 0, 0)
-        decode_share = plain_seconds * n_decode / max(num_sequences, 1)
-        offset = decode_share - self.cost.step_seconds(num_sequences, base_tokens, 0, 0)
+        offset = plain_seconds * n_decode / max(num_sequences, 1) - plain_seconds
 
         def goodput(tokens: int, drafting: int, steps: int, gain: float, setup: float) -> float:
             shape = (tokens, drafting, steps)
             seconds = prices.get(shape)
             if seconds is None:
                 seconds = (
-                    self.cost.step_seconds(num_sequences, base_tokens + tokens, drafting, steps) + offset
+                    self.cost.step_seconds(num_sequences, num_sequences + tokens, drafting, steps) + offset
                 )
                 prices[shape] = seconds
             return (n_decode + gain) / max(seconds + setup, 1e-9)
@@ -917,7 +935,9 @@ class SpeculationController:
             if caught_up and k[c.request_id] > 0 and not c.static:
                 self.payback.caught_up(c.request_id, _bucket(num_sequences))
         setup = sum(c.setup_tokens for c in candidates if k[c.request_id] > 0 and c.request_id not in free)
-        seconds = self.step_seconds(num_sequences, base_tokens, k, free) + self.cost.setup_seconds(setup)
+        prefill = max(0, base_tokens - n_decode)  # prompt tokens: the rest are one per decode request
+        seconds = self.step_seconds(num_sequences, base_tokens, k, free, prefill)
+        seconds += self.cost.setup_seconds(setup)
         predicted = sum(
             1.0 + (factor[rid] if rid in chosen else 1.0) * (expected_tokens(rates[rid], k[rid]) - 1.0)
             for rid in k
@@ -933,13 +953,18 @@ class SpeculationController:
         return _CatchUp(self.cost.setup_seconds(c.setup_tokens), tokens_left)
 
     def step_seconds(
-        self, num_sequences: int, base_tokens: int, k: dict[str, int], free: frozenset[str] = frozenset()
+        self,
+        num_sequences: int,
+        base_tokens: int,
+        k: dict[str, int],
+        free: frozenset[str] = frozenset(),
+        prefill_tokens: int | None = None,
     ) -> float:
         """The cost model's price of a step with these drafts (free ones add rows, no draft steps)."""
         drafts = [v for v in k.values() if v > 0]
         costly = [v for rid, v in k.items() if v > 0 and rid not in free]
         return self.cost.step_seconds(
-            num_sequences, base_tokens + sum(drafts), len(costly), max(costly, default=0)
+            num_sequences, base_tokens + sum(drafts), len(costly), max(costly, default=0), prefill_tokens
         )
 
     def _probe(

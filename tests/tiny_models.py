@@ -159,7 +159,9 @@ def sloped_step_cost(slope: float = 0.1):
     from specserve.engine.spec_controller import StepCostModel
 
     class SlopedStepCost(StepCostModel):
-        def observe_target(self, num_sequences: int, num_tokens: int, seconds: float) -> None:
+        def observe_target(
+            self, num_sequences: int, num_tokens: int, seconds: float, prefill_tokens: int | None = None
+        ) -> None:
             pass
 
         def observe_draft(

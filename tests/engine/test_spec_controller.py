@@ -43,7 +43,9 @@ INT4_TILES = [(n, 0.010 * (1 + (n - 1) // 4) + 0.0002 * n) for n in range(1, 33)
 class FrozenCost(StepCostModel):
     """Measurements are ignored: the test fixes the costs."""
 
-    def observe_target(self, num_sequences: int, num_tokens: int, seconds: float) -> None:
+    def observe_target(
+        self, num_sequences: int, num_tokens: int, seconds: float, prefill_tokens: int | None = None
+    ) -> None:
         pass
 
     def observe_draft(self, num_requests: int, num_steps: int, seconds: float, setup_tokens: int = 0) -> None:
@@ -383,6 +385,27 @@ def test_steps_with_draft_rows_are_calibrated_apart_from_plain_decode():
             cost.observe_target(16, 16, 0.100)
     assert cost.target_seconds(16, 16) == pytest.approx(0.100, rel=0.02)
     assert cost.target_seconds(16, 24) - cost.target_seconds(16, 16) == pytest.approx(0.05, rel=0.2)
+
+
+def test_steps_with_a_prefill_chunk_do_not_set_what_a_draft_row_costs():
+    """SmolLM2 bf16 at 32 clients on the EPYC VM: plain steps ~0.150 s, a draft row ~2 ms more, a
+    prompt's token ~1 ms. A step of 31 decodes beside a 300-token chunk has fewer than 32 tokens per
+    sequence; counted with the steps that have draft rows (replaying that run's 2,700 steps), such
+    steps set their slope to 0.85x the profile's and draft rows at 32 sequences cost nothing. Told that
+    it prefilled, the model calibrates it apart."""
+    curve = [(1, 0.033), (16, 0.046), (32, 0.062), (64, 0.101), (128, 0.180), (512, 0.650)]
+    cost = StepCostModel(curve)
+    for i in range(90):
+        if i % 3 == 0:
+            cost.observe_target(32, 32 + 16, 0.150 + 16 * 0.002, prefill_tokens=0)
+        elif i % 3 == 1:
+            cost.observe_target(32, 32 + 32, 0.150 + 32 * 0.002, prefill_tokens=0)
+        else:
+            cost.observe_target(32, 31 + 300, 0.150 + 300 * 0.001, prefill_tokens=300)
+        cost.observe_target(32, 32, 0.150, prefill_tokens=0)
+    row = (cost.target_seconds(32, 48) - cost.target_seconds(32, 32)) / 16
+    assert row == pytest.approx(0.002, rel=0.25)
+    assert cost.target_seconds(32, 331, prefill_tokens=300) == pytest.approx(0.450, rel=0.1)
 
 
 # Qwen 1.5B bf16 at 4 clients on an AVX-512 Xeon (no AMX): forwards of 4 / 5 / 8 / 24 tokens.
@@ -727,6 +750,27 @@ def test_a_step_that_also_prefills_drafts_no_more_than_the_decode_step_it_would_
         assert all(k > 0 for k in with_prefill.values()), with_prefill
     else:
         assert not any(decode.values()) and not any(with_prefill.values()), with_prefill
+
+
+def test_drafts_in_a_step_that_also_prefills_cost_what_they_cost_in_a_decode_step():
+    """A prompt's tokens cost less a row than draft rows (no logits): along the curve far out, where
+    a prefill step's tokens lie, a row costs little, near the decode step's tokens a row costs much.
+    Priced where the prefill step's tokens lie, drafts looked nearly free there; they are priced
+    as rows added to the decode step, so the step drafts as the decode step would."""
+    decode_rows_dear = [(1, 0.010), (16, 0.010 + 15 * 0.004), (64, 0.074 + 48 * 0.004), (1024, 0.300)]
+
+    def k_with(prefill: int) -> dict[str, int]:
+        ctrl = controller(decode_rows_dear)
+        for rid in "abcd":
+            for i in range(40):  # one-draft verifications, 1 in 2 accepted
+                ctrl.observe_verification(rid, 1, i % 2)
+        num_sequences = 4 + (1 if prefill else 0)
+        d = ctrl.choose([Candidate(rid, K_MAX) for rid in "abcd"], num_sequences, 4 + prefill, 2048 - prefill)
+        return d.k
+
+    decode = k_with(0)
+    assert not any(decode.values()), decode  # 4 ms a row against 10 ms a token of a plain step...
+    assert k_with(500) == decode  # ...and so beside a prompt too (where the curve's rows cost 0.2 ms)
 
 
 @pytest.mark.parametrize("share_of_break_even", [0.9, 1.1])

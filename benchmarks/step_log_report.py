@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 
 from .common import fmt, md_table
 from .harness import add_output_args, envelope, markdown_document, output_dir, print_report, write_report
+from .step_cost_fit import fit_decode_costs
 from .step_ledger import KIND_HEADER, KINDS, kind_rows, ledger
 from .step_ledger import plot as ledger_plot
 
@@ -137,9 +138,11 @@ def build_report(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     else:
         groups = [(mode, index, run) for index, (mode, run) in enumerate(runs(steps))]
     cells = []
+    kept: list[SimpleNamespace] = []
     for mode, index, steps in groups:
         if len(steps) < args.min_steps:
             continue
+        kept += steps
         seconds = sum(s.step_seconds for s in steps)
         tokens = sum(s.emitted_tokens for s in steps)
         cells.append(
@@ -157,7 +160,28 @@ def build_report(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     report = envelope(SCHEMA, "steps", argv)
     report["config"] = {"log": args.log, "min_steps": args.min_steps, "serve_report": args.serve_report}
     report["cells"] = cells
+    report["cost_fit"] = fit_decode_costs(kept)
     return report
+
+
+COST_FIT_HEADER = [
+    "sequences",
+    "steps (drafting)",
+    "measured: base / a sequence / a draft row, ms",
+    "predicted: base / a sequence / a draft row, ms",
+]
+
+
+def _fit_row(fit: dict[str, Any]) -> list[str]:
+    def trio(line: dict[str, float | None]) -> str:
+        return " / ".join(fmt(line[k], 2) for k in ("base_ms", "per_sequence_ms", "per_draft_ms"))
+
+    return [
+        fit["sequences"],
+        f"{fit['steps']} ({fit['drafting_steps']})",
+        trio(fit["measured"]),
+        trio(fit["predicted"]),
+    ]
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -190,6 +214,17 @@ def markdown(report: dict[str, Any]) -> str:
         md_table(KIND_HEADER, kind_rows(report["cells"])),
         "",
     ]
+    fits = report.get("cost_fit") or []
+    if fits:
+        lines += [
+            "The controller's cost model against the steps it decided (decode steps, every run above):"
+            " ms = base + a x sequences + b x draft tokens, least squares per batch bucket, on the"
+            " measured step seconds and on the controller's predictions of the same steps (b: what a"
+            " draft row costs).",
+            "",
+            md_table(COST_FIT_HEADER, [_fit_row(f) for f in fits]),
+            "",
+        ]
     return markdown_document(lines, report)
 
 

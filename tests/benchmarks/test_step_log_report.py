@@ -20,7 +20,7 @@ def test_a_step_log_is_cut_into_runs_of_one_mode_that_account_for_every_token(ti
     prompts = mixed_prompts(3, seed=5)
     emitted = []
     for enabled in (False, True, False):  # cells as bench serve runs them: off, on, off
-        params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, speculative_enabled=enabled)
+        params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, speculative_enabled=enabled)
         outs = llm.generate(prompts, params, use_chat_template=False)
         emitted.append(sum(len(o.token_ids) for o in outs))
     out = tmp_path / "report"
@@ -32,7 +32,7 @@ def test_a_step_log_is_cut_into_runs_of_one_mode_that_account_for_every_token(ti
     assert report["schema"] == step_log_report.SCHEMA
     cells = report["cells"]
     assert [c["mode"] for c in cells] == ["off", "on", "off"]
-    assert [c["tokens"] for c in cells] == emitted == [30, 30, 30]
+    assert [c["tokens"] for c in cells] == emitted == [48, 48, 48]
     for cell in cells:
         kinds = cell["ledger"]
         assert sum(kinds[k]["tokens"] for k in step_log_report.KINDS if k in kinds) == cell["tokens"]
@@ -40,6 +40,12 @@ def test_a_step_log_is_cut_into_runs_of_one_mode_that_account_for_every_token(ti
     assert "drafting" in cells[1]["ledger"] and "drafting" not in cells[0]["ledger"]
     assert "| run | most sequences |" in (out / "step_log.md").read_text()
     assert (out / "step_log.png").read_bytes()[:4] == b"\x89PNG"
+    # The "on" run's decode steps were decided by the controller: the cost model's fit against them
+    # (3 sequences: one bucket, no spread of sequences, so only base and the draft row are fitted).
+    (fit,) = report["cost_fit"]
+    assert fit["sequences"] == "2-3" and fit["steps"] >= 8
+    assert fit["measured"]["per_sequence_ms"] is None and fit["measured"]["base_ms"] > 0
+    assert "| sequences | steps (drafting) |" in (out / "step_log.md").read_text()
 
 
 def test_a_serve_report_cuts_the_log_by_its_cells_times(tiny_llama_dir, tmp_path):

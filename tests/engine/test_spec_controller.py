@@ -390,9 +390,9 @@ def test_steps_with_draft_rows_are_calibrated_apart_from_plain_decode():
 def test_steps_with_a_prefill_chunk_do_not_set_what_a_draft_row_costs():
     """SmolLM2 bf16 at 32 clients on the EPYC VM: plain steps ~0.150 s, a draft row ~2 ms more, a
     prompt's token ~1 ms. A step of 31 decodes beside a 300-token chunk has fewer than 32 tokens per
-    sequence; counted with the steps that have draft rows (replaying that run's 2,700 steps), such
-    steps set their slope to 0.85x the profile's and draft rows at 32 sequences cost nothing. Told that
-    it prefilled, the model calibrates it apart."""
+    sequence; counted with the steps that have draft rows (replaying a 16-48-token run's 3,052
+    steps), such steps set their slope to 0.85x the profile's and draft rows at 32 sequences cost
+    nothing. Told that it prefilled, the model calibrates it apart."""
     curve = [(1, 0.033), (16, 0.046), (32, 0.062), (64, 0.101), (128, 0.180), (512, 0.650)]
     cost = StepCostModel(curve)
     for i in range(90):

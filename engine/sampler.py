@@ -20,7 +20,7 @@ import torch
 
 from .sampling_params import SamplingParams
 
-_LOGIT_LIMIT = 1e4  # far beyond any real logit; divided by the smallest temperature (1e-5) still finite
+LOGIT_LIMIT = 1e4  # far beyond any real logit; divided by the smallest temperature (1e-5) still finite
 
 
 @dataclass
@@ -55,7 +55,7 @@ def apply_penalties_and_bias(logits: torch.Tensor, rows: list[RowContext]) -> to
             counts = counts[:vocab].to(logits.dtype)
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
     # Keep logits finite: a tiny repetition_penalty divides a logit to inf, and softmax([inf, ...]) is NaN.
-    return logits.clamp_(-_LOGIT_LIMIT, _LOGIT_LIMIT)
+    return logits.clamp_(-LOGIT_LIMIT, LOGIT_LIMIT)
 
 
 def logits_to_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -7,7 +7,15 @@ import math
 import pytest
 import torch
 
-from specserve.engine.sampler import RowContext, apply_penalties_and_bias, compute_logprobs, logits_to_probs
+from specserve.engine.sampler import (
+    TOP_P_CANDIDATES,
+    RowContext,
+    _top_p_lowest_kept_by_selection,
+    _top_p_lowest_kept_by_sort,
+    apply_penalties_and_bias,
+    compute_logprobs,
+    logits_to_probs,
+)
 from specserve.engine.sampling_params import InvalidParameterError, SamplingParams
 
 LOGITS = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.07, 0.03]]))
@@ -104,6 +112,35 @@ def test_kept_sets_match_transformers_logits_warpers():
     for i, p in enumerate(params):
         assert torch.equal(probs[i] > 0, _transformers_kept(logits[i], p)), (i, p)
     assert torch.allclose(probs.sum(dim=-1), torch.ones(num_rows))
+
+
+def test_top_p_by_selection_keeps_what_the_whole_sort_keeps():
+    """A vocabulary ten times the candidates, rows from peaked to flat: the rows the selection decides
+    keep exactly the sort's set, and the rest (boundary beyond the candidates, or a mass at the
+    limit) are left to the sort. Both kinds occur, so neither path is vacuous."""
+    gen = torch.Generator().manual_seed(5)
+    vocab, num_rows = 10 * TOP_P_CANDIDATES, 600
+    scale = torch.empty(num_rows, 1).uniform_(0.5, 12.0, generator=gen)
+    logits = torch.randn(num_rows, vocab, generator=gen) * scale  # [N, V]
+    logits[:50, :3] = 40.0  # ties at the top
+    logits[50:100, 100:] = -math.inf  # a top-k survivor set
+    limit = torch.empty(num_rows).uniform_(0.0, 0.99, generator=gen)  # [N]: 1 - top_p
+    limit[:20] = 0.0
+    lowest_kept, decided = _top_p_lowest_kept_by_selection(logits, limit)
+    by_sort = _top_p_lowest_kept_by_sort(logits, limit)
+    assert torch.equal(lowest_kept[decided], by_sort[decided])
+    assert 0.5 * num_rows < int(decided.sum()) < num_rows
+    params = [SamplingParams(max_tokens=1, top_p=1.0 - float(x)) for x in limit]
+    probs = logits_to_probs(logits.clone(), params)  # [N, V]
+    assert torch.equal(probs > 0, logits >= by_sort.unsqueeze(1))
+
+
+def test_top_p_at_the_edge_of_the_limit_is_left_to_the_sort():
+    # Ten tokens of 0.1 each: top_p = 0.7 puts the limit (0.3) exactly on a mass, within any margin.
+    logits = torch.zeros(1, 10)
+    lowest_kept, decided = _top_p_lowest_kept_by_selection(logits, torch.tensor([0.3]))
+    assert not bool(decided[0])
+    assert (logits_to_probs(logits.clone(), [SamplingParams(max_tokens=1, top_p=0.7)])[0] > 0).all()
 
 
 def test_greedy_rows_stay_one_hot_beside_filtered_rows():

@@ -76,6 +76,24 @@ def logits_to_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
     return probs
 
 
+def draft_choices(
+    logits: torch.Tensor, params: list[SamplingParams]
+) -> tuple[list[int], list[torch.Tensor | None]]:
+    """A proposer's rows: [N, V] logits -> (each row's argmax, each row's distribution or None).
+
+    A greedy request drafts the argmax and needs no distribution (its drafts are one-hot); only the
+    sampled rows go through `logits_to_probs` (a softmax and one-hot row over 152k tokens cost a
+    Qwen draft step 0.7 ms of its 27 at batch 1 on the 2-core EPYC VM)."""
+    argmax = logits.argmax(dim=-1).tolist()  # [N]
+    sampled = [i for i, p in enumerate(params) if not p.greedy]
+    dists: list[torch.Tensor | None] = [None] * len(params)
+    if sampled:
+        rows = logits if len(sampled) == len(params) else logits[torch.tensor(sampled, dtype=torch.long)]
+        for i, row in zip(sampled, logits_to_probs(rows, [params[i] for i in sampled]), strict=True):
+            dists[i] = row
+    return argmax, dists
+
+
 def _temperatures(params: list[SamplingParams]) -> torch.Tensor:
     """[N] divisor per row; greedy rows keep 1.0 (they are replaced by a one-hot row anyway)."""
     return torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=torch.float32)

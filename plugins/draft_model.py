@@ -19,7 +19,7 @@ from specserve.engine.random_streams import Purpose, RequestRandom
 from specserve.engine.request import Request
 from specserve.engine.row_routed_linear import float_copy_bytes
 from specserve.engine.runner import SequenceInput, forward_sequences
-from specserve.engine.sampler import logits_to_probs
+from specserve.engine.sampler import draft_choices
 from specserve.engine.spec_controller import DraftCostProfile, Preview
 from specserve.engine.tokenizer import Tokenizer
 
@@ -113,18 +113,19 @@ class DraftModelProposer(Proposer):
             hidden = forward_sequences(self.model, self.kv_cache, seqs, self.block_size, self.device)
             with torch.inference_mode():
                 logits = self.model.compute_logits(hidden).cpu()[:, : self.target_vocab]  # [B, V]
-            row_probs = logits_to_probs(logits, [batch[i].request.params for i in active])
+            argmax, row_probs = draft_choices(logits, [batch[i].request.params for i in active])
             for row, i in enumerate(active):
                 item = batch[i]
-                if item.request.params.greedy:
-                    token = int(row_probs[row].argmax())
+                dist = row_probs[row]
+                if dist is None:  # greedy
+                    token = argmax[row]
                 else:
                     # Keyed by the output position this draft is for, so the same seed drafts the
                     # same token whatever the window or batch looks like.
                     token = _stream(item).sample(
-                        row_probs[row], len(item.request.output_token_ids) + step, Purpose.DRAFT
+                        dist, len(item.request.output_token_ids) + step, Purpose.DRAFT
                     )
-                    probs[i].append(row_probs[row])
+                    probs[i].append(dist)
                 drafts[i].append(token)
                 num_cached[i] = item.request.num_tokens + step
             step += 1

@@ -40,7 +40,7 @@ from specserve.engine.proposer import ProposalRequest, Proposals, Proposer, Prop
 from specserve.engine.random_streams import Purpose
 from specserve.engine.request import Request
 from specserve.engine.runner import SequenceInput, ragged_batch
-from specserve.engine.sampler import logits_to_probs
+from specserve.engine.sampler import draft_choices
 from specserve.plugins.eagle_head import load_eagle_head
 
 # Most pairs a proposal feeds to catch up after the request's decode steps went without drafts. Chosen
@@ -155,20 +155,21 @@ class EagleProposer(Proposer):
                 seqs.append((SequenceInput(tokens, start, req.block_ids, 1, context_start), feats))
             out = self._forward(seqs)  # [len(active), hidden]: f^ after each sequence's last pair
             logits = self._logits(out)  # [len(active), N or V] float32
-            row_probs = logits_to_probs(logits, [batch[i].request.params for i in active])
+            argmax, row_probs = draft_choices(logits, [batch[i].request.params for i in active])
             for row, i in enumerate(active):
                 item = batch[i]
                 predicted[i] = out[row]
-                if item.request.params.greedy:
-                    token = int(row_probs[row].argmax())
+                dist = row_probs[row]
+                if dist is None:  # greedy
+                    token = argmax[row]
                 else:
                     if item.random is None:
                         raise ValueError(
                             f"request {item.request.request_id}: sampled drafts need ProposalRequest.random"
                         )
                     position = len(item.request.output_token_ids) + step  # keyed by output position
-                    token = item.random.sample(row_probs[row], position, Purpose.DRAFT)
-                    probs[i].append(self._to_target_vocab(row_probs[row]))
+                    token = item.random.sample(dist, position, Purpose.DRAFT)
+                    probs[i].append(self._to_target_vocab(dist))
                 drafts[i].append(token if self.draft_ids is None else int(self.draft_ids[token]))
             step += 1
             active = [i for i in active if len(drafts[i]) < batch[i].num_speculative_tokens]

@@ -14,6 +14,7 @@ from specserve.engine.sampler import (
     _top_p_lowest_kept_by_sort,
     apply_penalties_and_bias,
     compute_logprobs,
+    draft_choices,
     logits_to_probs,
 )
 from specserve.engine.sampling_params import InvalidParameterError, SamplingParams
@@ -199,3 +200,22 @@ def test_invalid_parameters_name_themselves(kwargs, param):
     with pytest.raises(InvalidParameterError) as err:
         SamplingParams(**kwargs)
     assert err.value.param == param
+
+
+def test_draft_choices_give_greedy_rows_their_argmax_and_sampled_rows_their_distribution():
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(5, 40, generator=gen) * 3  # [5, V]
+    params = [
+        SamplingParams(max_tokens=1, temperature=0.0),
+        SamplingParams(max_tokens=1, temperature=0.7, top_p=0.8),
+        SamplingParams(max_tokens=1, temperature=0.0),
+        SamplingParams(max_tokens=1, temperature=1.3, top_k=5),
+        SamplingParams(max_tokens=1, temperature=0.0),
+    ]
+    argmax, dists = draft_choices(logits, params)
+    assert argmax == logits.argmax(dim=-1).tolist()
+    assert [d is None for d in dists] == [True, False, True, False, True]
+    full = logits_to_probs(logits.clone(), params)  # [5, V]: what every row got before
+    for i in (1, 3):
+        assert torch.equal(dists[i], full[i])
+    assert draft_choices(logits[:1], params[:1])[1] == [None]

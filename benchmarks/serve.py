@@ -287,7 +287,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--requests-per-level",
         type=int,
         default=None,
-        help="requests per (level, mode) cell (default: max(4, 2 x level))",
+        help="requests per (level, mode) cell (default: max(4, --requests-per-client x level))",
+    )
+    r.add_argument(
+        "--requests-per-client",
+        type=int,
+        default=2,
+        help="requests each client sends per cell when --requests-per-level is not given (default 2);"
+        " longer cells drain less and scatter less between repeats",
     )
     r.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (EOS ignored)")
     r.add_argument(
@@ -328,7 +335,9 @@ def _plan(args: argparse.Namespace) -> tuple[list[int], list[str], dict[int, int
         raise BenchError("--max-tokens-range-ratio must be in [0, 1)")
     if not 0 <= args.static_k <= MAX_NUM_SPECULATIVE_TOKENS:
         raise BenchError(f"--static-k must be in [0, {MAX_NUM_SPECULATIVE_TOKENS}]")
-    per = {c: args.requests_per_level or max(4, 2 * c) for c in levels}
+    if args.requests_per_client < 1:
+        raise BenchError("--requests-per-client must be at least 1")
+    per = {c: args.requests_per_level or max(4, args.requests_per_client * c) for c in levels}
     total = sum(per.values()) * len(modes) * args.repeats + args.warmup * len(modes)
     if total > args.max_total_requests:
         raise BenchError(

@@ -178,3 +178,21 @@ def test_bad_range_ratio_is_refused(capsys):
     args = ["--base-url", "http://127.0.0.1:1", "--no-progress", "--max-tokens-range-ratio", "1"]
     assert serve.main(args) == 2
     assert "--max-tokens-range-ratio must be in [0, 1)" in capsys.readouterr().err
+
+
+def test_requests_per_client_sizes_each_cell():
+    def plan(*argv: str) -> dict[int, int]:
+        args = serve.build_parser().parse_args(
+            ["--base-url", "http://127.0.0.1:1", "--concurrency", "1,4,16", *argv]
+        )
+        return serve._plan(args)[2]
+
+    assert plan() == {1: 4, 4: 8, 16: 32}  # the default: 2 a client, at least 4
+    assert plan("--requests-per-client", "5") == {1: 5, 4: 20, 16: 80}
+    assert plan("--requests-per-client", "5", "--requests-per-level", "6") == {1: 6, 4: 6, 16: 6}
+
+
+def test_bad_requests_per_client_is_refused(capsys):
+    args = ["--base-url", "http://127.0.0.1:1", "--no-progress", "--requests-per-client", "0"]
+    assert serve.main(args) == 2
+    assert "--requests-per-client must be at least 1" in capsys.readouterr().err

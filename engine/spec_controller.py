@@ -11,7 +11,8 @@ Pure Python (no torch): the scheduler calls it. Three parts, each replaceable on
   window of up to ~16 tokens costs about one token, int4 steps every 4 rows, a GPU is flat until
   large batches), calibrated online per batch-size bucket from measured forwards (the machine's
   speed drifts, and a batch of many short sequences is not one long one) as a slope and an offset,
-  so that what one more row adds is measured too. The proposer's cost per
+  so that what one more row adds is measured too; a plain decode step's price is such a line in its
+  batch size itself (the profile of one sequence does not tell a batch's sizes apart). The proposer's cost per
   draft step and per catch-up token starts from its own start-up timing (`DraftCostProfile`) and is
   learned online per batch-size bucket, and a fixed per-step overhead too.
 - `SpeculationController.choose`: the k vector that maximises expected emitted tokens per second of
@@ -305,7 +306,9 @@ def _interpolate(xs: Sequence[int], ys: Sequence[float], x: int) -> float:
 class _Calibration:
     """measured ~= slope * profiled + offset: the slope fitted to recent forwards (exponentially
     weighted least squares, pulled towards measured / profiled), the offset following the latest
-    ones (the machine's speed drifts faster than its shape changes).
+    ones (the machine's speed drifts faster than its shape changes). "profiled" is what the kind of
+    step is regressed on (`StepCostModel._regressor`): the profile's cost of its tokens, or for plain
+    decode steps their number of sequences.
 
     A single ratio (the slope alone) is right when the whole machine is slower than at start-up, and
     when a batch of long sequences costs more per row than the profile's one short sequence. But the
@@ -429,23 +432,47 @@ class StepCostModel:
 
     def target_seconds(self, num_sequences: int, num_tokens: int, prefill_tokens: int | None = None) -> float:
         profiled = self.curve(num_tokens)
-        bucket, prefill, multi_row = _calibration_key(num_sequences, num_tokens, prefill_tokens)
-        # Until a step of this kind was measured, the other kind of the same batch stands in for it.
-        calibration = self._calibration.get((bucket, prefill, multi_row)) or self._calibration.get(
-            (bucket, prefill, not multi_row)
-        )
-        if calibration is None:
-            return profiled
-        price = calibration.predict(profiled)
+        key = _calibration_key(num_sequences, num_tokens, prefill_tokens)
+        bucket, prefill, multi_row = key
+        calibration = self._calibration.get(key)
         plain = self._calibration.get((bucket, prefill, False))
+        if calibration is not None:
+            price = calibration.predict(self._regressor(key, num_sequences, num_tokens))
+        elif plain is not None and multi_row:
+            # Until a step of this kind was measured, the other kind of the same batch stands in for
+            # it: the plain step's price, grown along the profile by the rows this one adds.
+            price = plain.predict(self._regressor((bucket, prefill, False), num_sequences, num_sequences))
+            price *= profiled / max(self.curve(num_sequences), 1e-12)
+        else:
+            other = self._calibration.get((bucket, prefill, not multi_row))
+            if other is None:
+                return profiled
+            price = other.predict(profiled)
         if multi_row and plain is not None and plain is not calibration:
             # A step with draft rows is never priced below the same step without them. The two kinds
             # are calibrated from different steps, and each goes stale while the other runs: on an
             # AVX-512 Xeon at 4 Qwen clients, steps with one draft row were priced 0.37 s while plain
             # steps were still priced 0.40 s from a slow spell before drafting began, so a draft row
             # looked cheaper than none and the controller drafted on at 0.87x of the plain speed.
-            price = max(price, plain.predict(self.curve(num_sequences)))
+            price = max(
+                price, plain.predict(self._regressor((bucket, prefill, False), num_sequences, num_sequences))
+            )
         return price
+
+    def _regressor(self, key: tuple[int, bool, bool], num_sequences: int, num_tokens: int) -> float:
+        """What a calibration of this kind maps to seconds. Plain decode steps: their number of
+        sequences, so their price is a line in the batch size fitted to plain steps themselves. The
+        profile is one sequence, and along it a batch bucket's sizes differ little where their steps
+        differ much (SmolLM2 bf16 on the EPYC VM: 8 and 15 sequences cost 61 and 104 ms where the
+        profile's 8 and 15 tokens cost 41 and 50); fitted to steps of 8-12 sequences through the
+        profile, the slope was so steep that 13-15 sequences were priced 134-149 ms, and drafting
+        25 rows there looked nearly free (predicted 141-153 ms against the plain price) where it
+        emitted fewer tokens a second than plain steps. Every other kind: the profile's cost of its
+        tokens (what a verification row or a prompt's token adds follows the profile's shape)."""
+        _, prefill, multi_row = key
+        if not prefill and not multi_row:
+            return float(max(1, num_sequences))
+        return self.curve(num_tokens)
 
     def plain_is_stale(self, num_sequences: int) -> bool:
         """Whether the plain decode steps of this batch size were last measured STALE_FORWARDS or more
@@ -540,13 +567,14 @@ class StepCostModel:
         key = _calibration_key(num_sequences, num_tokens, prefill_tokens)
         calibration = self._calibration.setdefault(key, _Calibration())
         bucket, prefill, _ = key
+        x = self._regressor(key, num_sequences, num_tokens)
         if prefill:
-            calibration.observe(base, seconds)
+            calibration.observe(x, seconds)
             return
         forwards = self._forwards.get(bucket, 0) + 1
         self._forwards[bucket] = forwards
         stale = calibration.weight > 0 and forwards - calibration.last_forward > STALE_FORWARDS
-        calibration.observe(base, seconds, stale)
+        calibration.observe(x, seconds, stale)
         calibration.last_forward = forwards
 
     def observe_draft(self, num_requests: int, num_steps: int, seconds: float, setup_tokens: int = 0) -> None:

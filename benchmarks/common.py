@@ -65,7 +65,13 @@ def _memory_gib() -> float | None:
 
 
 def command_line(subcommand: str, argv: list[str]) -> str:
-    return " ".join(["specserve", "bench", subcommand, *(shlex.quote(a) for a in argv)])
+    """The command that reproduces a run: `specserve bench <subcommand>`, or for the module-only
+    benchmarks (bench_attention, bench_sampler, ...) `python -m specserve.benchmarks.<module>`."""
+    if subcommand.startswith("bench_"):
+        head = ["python", "-m", f"specserve.benchmarks.{subcommand}"]
+    else:
+        head = ["specserve", "bench", subcommand]
+    return " ".join([*head, *(shlex.quote(a) for a in argv)])
 
 
 def default_output_dir(kind: str) -> Path:

@@ -294,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=2,
         help="requests each client sends per cell when --requests-per-level is not given (default 2);"
-        " longer cells drain less and scatter less between repeats",
+        " a longer cell spends less of its time draining its last requests",
     )
     r.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (EOS ignored)")
     r.add_argument(

@@ -53,3 +53,11 @@ def test_bad_arguments_are_one_line_errors(argv, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err and "error:" in err[-1]
+
+
+def test_the_recorded_command_runs_the_module(tiny_llama_dir, tmp_path):
+    argv = ["--model-path", str(tiny_llama_dir), "--sequences", "1", "--rows-each", "1", "--repeats", "1"]
+    argv += ["--output-dir", str(tmp_path), "--no-progress", "--no-plots"]
+    assert bench_sampler.main(argv) == 0
+    report = json.loads((tmp_path / "sampler.json").read_text())
+    assert report["command"].startswith("python -m specserve.benchmarks.bench_sampler --model-path ")

@@ -29,11 +29,12 @@ from .common import fmt, md_table, progress
 from .harness import (
     add_output_args,
     envelope,
+    int_list,
     markdown_document,
     output_dir,
+    positive_int,
     print_report,
-    pyplot,
-    save_figure,
+    save_ratio_bars,
     write_report,
 )
 
@@ -43,34 +44,14 @@ BLOCK_SIZE = 16
 BACKENDS: dict[str, AttentionBackend] = {"sdpa": paged_attention, "default": cpu_paged_attention}
 
 
-def _int_list(text: str) -> list[int]:
-    """A comma list of positive integers (argparse type)."""
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers (comma list), got {text!r}")
-    return values
-
-
-def _positive_int(text: str) -> int:
-    """A positive integer (argparse type)."""
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return int(text)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_attention", description=__doc__.splitlines()[0])
     p.add_argument("--model-path", default=None, help="model (default: the embedded SmolLM2-135M)")
     p.add_argument("--quantization-encoding", default="bfloat16")
-    p.add_argument("--sequences", type=_int_list, default=[1, 4, 8], help="batch sizes (comma list)")
-    p.add_argument(
-        "--context", type=_int_list, default=[256, 1024], help="tokens already cached per sequence"
-    )
-    p.add_argument("--queries", type=_int_list, default=[1, 5], help="new tokens per sequence (1 = decode)")
-    p.add_argument("--repeats", type=_positive_int, default=5, help="timed forwards per arm and shape")
+    p.add_argument("--sequences", type=int_list, default=[1, 4, 8], help="batch sizes (comma list)")
+    p.add_argument("--context", type=int_list, default=[256, 1024], help="tokens already cached per sequence")
+    p.add_argument("--queries", type=int_list, default=[1, 5], help="new tokens per sequence (1 = decode)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed forwards per arm and shape")
     p.add_argument(
         "--thread",
         choices=("worker", "main"),
@@ -186,19 +167,14 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], out_dir: Path) -> list[str]:
-    plt = pyplot()
-    if plt is None:
-        return []
     results = report["results"]
-    labels = [f"{r['sequences']}x{r['queries']} @{r['context']}" for r in results]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(labels)), 4))
-    ax.bar(range(len(labels)), [r["sdpa_over_default"] for r in results], color="tab:blue")
-    ax.axhline(1.0, color="grey", linewidth=1)
-    ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=8)
-    ax.set_ylabel("SDPA forward time / default forward time")
-    ax.set_title("sequences x new tokens @ cached context")
-    fig.tight_layout()
-    return [save_figure(plt, fig, out_dir / f"{KIND}.png")]
+    return save_ratio_bars(
+        [f"{r['sequences']}x{r['queries']} @{r['context']}" for r in results],
+        [r["sdpa_over_default"] for r in results],
+        out_dir / f"{KIND}.png",
+        "SDPA forward time / default forward time",
+        "sequences x new tokens @ cached context",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,16 +34,16 @@ from specserve.engine.sampling_params import SamplingParams
 from specserve.engine.tokenizer import Tokenizer
 from specserve.engine.verifier import Window, _sample_windows, verify_windows
 
-from .bench_attention import _int_list, _positive_int
 from .common import fmt, md_table, progress
 from .harness import (
     add_output_args,
     envelope,
+    int_list,
     markdown_document,
     output_dir,
+    positive_int,
     print_report,
-    pyplot,
-    save_figure,
+    save_ratio_bars,
     write_report,
 )
 from .prompt_sets import CATEGORIES, load_prompts
@@ -58,14 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_sampler", description=__doc__.splitlines()[0])
     p.add_argument("--model-path", default=None, help="model (default: the embedded SmolLM2-135M)")
     p.add_argument("--quantization-encoding", default="bfloat16")
-    p.add_argument("--sequences", type=_int_list, default=[1, 16, 32], help="batch sizes (comma list)")
+    p.add_argument("--sequences", type=int_list, default=[1, 16, 32], help="batch sizes (comma list)")
     p.add_argument(
-        "--rows-each", type=_int_list, default=[1, 5], help="rows per sequence: 1 + its drafts (comma list)"
+        "--rows-each", type=int_list, default=[1, 5], help="rows per sequence: 1 + its drafts (comma list)"
     )
     p.add_argument("--temperature", type=float, default=1.0, help="of the top_k and top_p rows")
-    p.add_argument("--top-k", type=_positive_int, default=50)
+    p.add_argument("--top-k", type=positive_int, default=50)
     p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--repeats", type=_positive_int, default=7, help="timed calls per arm and shape")
+    p.add_argument("--repeats", type=positive_int, default=7, help="timed calls per arm and shape")
     p.add_argument("--cache-dir", default=None)
     add_output_args(p, KIND)
     return p
@@ -201,19 +201,15 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], out_dir: Path) -> list[str]:
-    plt = pyplot()
-    if plt is None:
-        return []
     results = report["results"]
-    labels = [f"{r['operation']} {r['sequences']}x{r['rows_each']}" for r in results]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(labels)), 4))
-    ax.bar(range(len(labels)), [r["whole_over_shortcut"] for r in results], color="tab:green")
-    ax.axhline(1.0, color="grey", linewidth=1)
-    ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=8)
-    ax.set_ylabel("whole-vocabulary time / shortcut time")
-    ax.set_title("operation sequences x rows each")
-    fig.tight_layout()
-    return [save_figure(plt, fig, out_dir / f"{KIND}.png")]
+    return save_ratio_bars(
+        [f"{r['operation']} {r['sequences']}x{r['rows_each']}" for r in results],
+        [r["whole_over_shortcut"] for r in results],
+        out_dir / f"{KIND}.png",
+        "whole-vocabulary time / shortcut time",
+        "operation sequences x rows each",
+        color="tab:green",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

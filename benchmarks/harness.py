@@ -99,6 +99,24 @@ def add_output_args(parser: argparse.ArgumentParser, kind: str) -> None:
     o.add_argument("--no-progress", action="store_true")
 
 
+def int_list(text: str) -> list[int]:
+    """A comma list of positive integers (argparse type)."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers (comma list), got {text!r}")
+    return values
+
+
+def positive_int(text: str) -> int:
+    """A positive integer (argparse type)."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
 def output_dir(args: argparse.Namespace, kind: str) -> Path:
     out = Path(args.output_dir) if args.output_dir else default_output_dir(kind)
     out.mkdir(parents=True, exist_ok=True)
@@ -123,6 +141,22 @@ def save_figure(plt: Any, fig: Any, path: Path) -> str:
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return str(path)
+
+
+def save_ratio_bars(
+    labels: list[str], ratios: list[float], path: Path, ylabel: str, title: str, color: str = "tab:blue"
+) -> list[str]:
+    """One bar per row of paired ratios, a line at 1 (level): [the PNG's path], or [] without matplotlib."""
+    plt = pyplot()
+    if plt is None:
+        return []
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(labels)), 4))
+    ax.bar(range(len(labels)), ratios, color=color)
+    ax.axhline(1.0, color="grey", linewidth=1)
+    ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    return [save_figure(plt, fig, path)]
 
 
 def markdown_document(lines: list[str], report: Mapping[str, Any]) -> str:

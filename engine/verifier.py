@@ -75,16 +75,18 @@ def _greedy_targets(logits: torch.Tensor, windows: list[Window], starts: list[in
     [N, V] cost 0.23-0.41 ms a row of SmolLM2's 49k vocabulary on the 2-core EPYC VM, a fifth of what
     a draft row's forward costs. A window whose rows need processing (bias, penalties, a grammar
     mask) is processed on its rows alone; the rest are argmaxed as they came, which is their
-    processed argmax: processing them would only clamp to +-LOGIT_LIMIT, and a row reaching that
-    (never seen: real logits are below 100) is processed too, so that ties after the clamp break as
-    they do there."""
+    processed argmax: processing them would only clamp to +-LOGIT_LIMIT, and a row whose largest
+    logit is beyond it either way (never seen: real logits are below 100) is processed too, so that
+    ties after the clamp break as they do there."""
     plain = [j for j, w in enumerate(windows) if not _needs_processing(w)]
+    unprocessed = set(plain)
     out: list[list[int]] = [[] for _ in windows]
     if plain:
         rows = [r for j in plain for r in range(starts[j], starts[j] + len(windows[j].draft_token_ids) + 1)]
         sub = logits if len(rows) == logits.shape[0] else logits[torch.tensor(rows, dtype=torch.long)]
         values, argmax = sub.max(dim=-1)  # [R], [R]: one pass over the rows
-        over = (values >= LOGIT_LIMIT).tolist()
+        # A row whose largest logit is beyond the clamp, either way, has ties after it.
+        over = (values.abs() >= LOGIT_LIMIT).tolist()
         ids = argmax.tolist()
         row = 0
         for j in plain:
@@ -95,7 +97,7 @@ def _greedy_targets(logits: torch.Tensor, windows: list[Window], starts: list[in
                 out[j] = ids[row : row + n]
             row += n
     for j, w in enumerate(windows):
-        if j not in plain:
+        if j not in unprocessed:
             out[j] = _processed_argmax(logits[starts[j] : starts[j] + len(w.draft_token_ids) + 1], w)
     return out
 

@@ -82,10 +82,13 @@ def test_greedy_shortcut_emits_what_the_full_path_emits():
 
 
 def test_clamp_ties_break_as_in_the_full_path():
-    logits = torch.zeros(1, VOCAB)
-    logits[0, 40], logits[0, 9] = 3 * LOGIT_LIMIT, 2 * LOGIT_LIMIT
-    window = Window(Request("r", [1, 2], SamplingParams(max_tokens=4, temperature=0.0)), [], None, None)
-    assert verify_windows(logits, [window]) == [[9]] == _sample_windows(logits, [window])
+    logits = torch.zeros(2, VOCAB)
+    logits[0, 40], logits[0, 9] = 3 * LOGIT_LIMIT, 2 * LOGIT_LIMIT  # both clamp to the limit: 9 wins
+    logits[1] = -3 * LOGIT_LIMIT  # every logit clamps to -limit: token 0 wins, not the raw argmax
+    logits[1, 33] = -2 * LOGIT_LIMIT
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    windows = [Window(Request(f"r{i}", [1, 2], params), [], None, None) for i in range(2)]
+    assert verify_windows(logits, windows) == [[9], [0]] == _sample_windows(logits, windows)
 
 
 def test_accept_greedy_keeps_drafts_up_to_the_first_miss():

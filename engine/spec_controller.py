@@ -435,28 +435,30 @@ class StepCostModel:
         key = _calibration_key(num_sequences, num_tokens, prefill_tokens)
         bucket, prefill, multi_row = key
         calibration = self._calibration.get(key)
-        plain = self._calibration.get((bucket, prefill, False))
+        # The same step without draft rows, for a step with them: it stands in and sets a floor.
+        plain_key = (bucket, prefill, False)
+        plain = self._calibration.get(plain_key) if multi_row else None
+        plain_price = (
+            None if plain is None else plain.predict(self._regressor(plain_key, num_sequences, num_sequences))
+        )
         if calibration is not None:
             price = calibration.predict(self._regressor(key, num_sequences, num_tokens))
-        elif plain is not None and multi_row:
+        elif plain_price is not None:
             # Until a step of this kind was measured, the other kind of the same batch stands in for
             # it: the plain step's price, grown along the profile by the rows this one adds.
-            price = plain.predict(self._regressor((bucket, prefill, False), num_sequences, num_sequences))
-            price *= profiled / max(self.curve(num_sequences), 1e-12)
+            price = plain_price * profiled / max(self.curve(num_sequences), 1e-12)
         else:
             other = self._calibration.get((bucket, prefill, not multi_row))
             if other is None:
                 return profiled
             price = other.predict(profiled)
-        if multi_row and plain is not None and plain is not calibration:
+        if plain_price is not None:
             # A step with draft rows is never priced below the same step without them. The two kinds
             # are calibrated from different steps, and each goes stale while the other runs: on an
             # AVX-512 Xeon at 4 Qwen clients, steps with one draft row were priced 0.37 s while plain
             # steps were still priced 0.40 s from a slow spell before drafting began, so a draft row
             # looked cheaper than none and the controller drafted on at 0.87x of the plain speed.
-            price = max(
-                price, plain.predict(self._regressor((bucket, prefill, False), num_sequences, num_sequences))
-            )
+            price = max(price, plain_price)
         return price
 
     def _regressor(self, key: tuple[int, bool, bool], num_sequences: int, num_tokens: int) -> float:

@@ -10,7 +10,7 @@ from tiny_models import make_adaptive_llm, make_llm, mixed_prompts
 
 from specserve.engine import SamplingParams
 from specserve.engine.spec_controller import Preview
-from specserve.plugins.ngram import find_continuation, find_match
+from specserve.plugins.ngram import TokenHistory, find_continuation, find_match
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
@@ -21,6 +21,49 @@ def test_find_match_reports_the_matched_length():
     assert find_match(tokens, 1, 2, 5) == (2, [9, 9, 1, 2, 3])  # n is capped by ngram_max
     assert find_match(np.array([5, 6, 7], dtype=np.int64), 1, 4, 3) == (0, [])
     assert find_continuation(tokens, 1, 4, 2) == [9, 9]
+
+
+def _reference_match(tokens: list[int], ngram_min: int, ngram_max: int, k: int) -> tuple[int, list[int]]:
+    """The definition, by brute force: the longest n whose last n tokens occur earlier, latest first."""
+    length = len(tokens)
+    for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
+        for start in range(length - 1 - n, -1, -1):
+            if tokens[start : start + n] == tokens[length - n :]:
+                return n, tokens[start + n : start + n + k]
+    return 0, []
+
+
+def test_find_match_is_the_definition_even_where_bytes_match_across_tokens():
+    rng = np.random.default_rng(1)
+    for i in range(3000):
+        tokens = rng.integers(0, 3 if i % 2 else 300, int(rng.integers(1, 120))).astype(np.int64)
+        if i % 3 == 0:  # bytes that repeat across token boundaries (a search by bytes finds those too)
+            tokens = (tokens * 257 + 1) << int(rng.integers(0, 40))
+        for args in ((1, 4, 8), (2, 3, 5), (1, 1, 3)):
+            assert find_match(tokens, *args) == _reference_match(tokens.tolist(), *args), (tokens, args)
+    # The bytes of [1, 1] also occur one byte into tokens 2-4 (later than the real match at 0).
+    straddling = np.array([1, 1, 0x100, 0x100, 0x100, 1, 1], dtype=np.int64)
+    assert straddling.tobytes().rfind(straddling[-2:].tobytes(), 0, 6 * 8) == 17
+    assert find_match(straddling, 2, 2, 3) == (2, [0x100, 0x100, 0x100])
+
+
+def test_token_history_is_the_request_tokens_as_they_grow_and_when_they_change():
+    from specserve.engine.request import Request
+
+    rng = np.random.default_rng(0)
+    history = TokenHistory()
+    req = Request("r", [int(t) for t in rng.integers(0, 50, 300)], SamplingParams(max_tokens=8))
+    for step in range(200):  # outputs grow by 0-5 tokens a step, past the first capacities
+        req.output_token_ids += [int(t) for t in rng.integers(0, 50, int(rng.integers(0, 6)))]
+        got = history.tokens(req)
+        assert got.dtype == np.int64 and got.tolist() == req.all_token_ids, step
+    # Another request object under the same id, fewer tokens, a different last token: rebuilt.
+    other = Request("r", req.prompt_token_ids[:10], SamplingParams(max_tokens=8))
+    assert history.tokens(other).tolist() == other.all_token_ids
+    req.output_token_ids = req.output_token_ids[:5]
+    assert history.tokens(req).tolist() == req.all_token_ids
+    req.output_token_ids = req.output_token_ids[:4] + [req.output_token_ids[4] + 1]
+    assert history.tokens(req).tolist() == req.all_token_ids
 
 
 def test_preview_is_what_propose_would_draft(tiny_llama_dir):

@@ -10,7 +10,7 @@ from tiny_models import make_adaptive_llm, make_llm, mixed_prompts
 
 from specserve.engine import SamplingParams
 from specserve.engine.spec_controller import Preview
-from specserve.plugins.ngram import TokenHistory, find_continuation, find_match
+from specserve.plugins.ngram import MAX_STRADDLING, TokenHistory, find_continuation, find_match
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
@@ -45,6 +45,12 @@ def test_find_match_is_the_definition_even_where_bytes_match_across_tokens():
     straddling = np.array([1, 1, 0x100, 0x100, 0x100, 1, 1], dtype=np.int64)
     assert straddling.tobytes().rfind(straddling[-2:].tobytes(), 0, 6 * 8) == 17
     assert find_match(straddling, 2, 2, 3) == (2, [0x100, 0x100, 0x100])
+    # One straddling match per token (a prompt built for it): past MAX_STRADDLING, compared by token.
+    crafted = np.array([1, 1, 5] + [0x100] * 40 + [1, 1], dtype=np.int64)
+    assert find_match(crafted, 2, 2, 2) == _reference_match(crafted.tolist(), 2, 2, 2) == (2, [5, 0x100])
+    assert crafted.tobytes().count(crafted[-2:].tobytes()) > MAX_STRADDLING + 2
+    no_aligned = np.array([0x100] * 40 + [1, 1], dtype=np.int64)
+    assert find_match(no_aligned, 2, 2, 2) == _reference_match(no_aligned.tolist(), 2, 2, 2)
 
 
 def test_token_history_is_the_request_tokens_as_they_grow_and_when_they_change():

@@ -64,11 +64,10 @@ class TokenHistory:
     """A request's tokens as one growing int64 array, extended by the tokens added since the last call.
 
     Why: the lookup runs for every decoding request every step (the controller's preview), and
-    converting the whole token list to an array each time was most of its cost (~16 us of ~19 at 1,000
-    tokens; 0.5 ms of every 16-request SmolLM2 step, with the controller's choice, more than the rest
-    of what the adaptive policy adds to a step). A request's tokens are only ever appended to; a
-    request object this history was not built from, fewer tokens than it holds, or a different last
-    token rebuild it from the list."""
+    converting the whole token list each time costs ~16 us a request at 1,000 tokens, several times
+    the byte search itself. A request's tokens are only ever appended to; a request object this
+    history was not built from, fewer tokens than it holds, or a different last token rebuild it
+    from the list."""
 
     def __init__(self) -> None:
         self._request: Request | None = None

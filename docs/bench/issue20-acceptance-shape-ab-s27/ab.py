@@ -2,7 +2,6 @@
 old_ctrl.py beside this file, see README.md) against the working tree's ("new"), with speculation off
 and static K=3 / K=5 on the same engine. Usage: python ab.py PROMPTS_PER_CATEGORY REPEATS [CATEGORIES]"""
 
-import copy
 import json
 import os
 import statistics as st
@@ -11,27 +10,18 @@ import time
 from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import old_ctrl  # noqa: E402
+from batch1 import build_llm, old_controller  # noqa: E402
 
 from specserve.benchmarks.prompt_sets import load_prompts, parse_categories  # noqa: E402
-from specserve.engine import LLM, SamplingParams  # noqa: E402
+from specserve.engine import SamplingParams  # noqa: E402
 
 per = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 reps = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 cats = sys.argv[3] if len(sys.argv) > 3 else "all"
-llm = LLM(
-    None,
-    quantization_encoding="bfloat16",
-    num_speculative_tokens=8,
-    speculative_policy="adaptive",
-    max_length=2048,
-    max_kv_cache_tokens=4096,
-    max_batch_size=1,
-    speculative_method="ngram",
-)
+llm = build_llm()
 eng = llm.engine
 new = eng.controller
-controllers = {"new": new, "old": old_ctrl.SpeculationController(new.k_max, copy.deepcopy(new.cost))}
+controllers = {"new": new, "old": old_controller(eng)}
 prompt_set = load_prompts(parse_categories(cats), per)
 prompts = [llm.tokenizer.apply_chat_template(p.messages) for p in prompt_set]
 static = {"speculative_policy": "static"}

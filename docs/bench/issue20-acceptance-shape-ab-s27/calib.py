@@ -1,33 +1,21 @@
 """What the controller's chosen drafts delivered against its expectation, by n-gram class and k, at
 batch 1 (SmolLM2 bf16, 21 prompts x 2 passes, 64 tokens). Usage: python calib.py new|old"""
 
-import copy
 import os
 import sys
 from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from batch1 import build_llm, old_controller  # noqa: E402
+
 from specserve.benchmarks.prompt_sets import load_prompts, parse_categories  # noqa: E402
-from specserve.engine import LLM, SamplingParams  # noqa: E402
+from specserve.engine import SamplingParams  # noqa: E402
 from specserve.engine.spec_controller import expected_tokens  # noqa: E402
 
-llm = LLM(
-    None,
-    quantization_encoding="bfloat16",
-    num_speculative_tokens=8,
-    speculative_policy="adaptive",
-    max_length=2048,
-    max_kv_cache_tokens=4096,
-    max_batch_size=1,
-    speculative_method="ngram",
-)
+llm = build_llm()
 eng = llm.engine
 if len(sys.argv) > 1 and sys.argv[1] == "old":
-    import old_ctrl
-
-    eng.controller = eng.scheduler.controller = old_ctrl.SpeculationController(
-        eng.controller.k_max, copy.deepcopy(eng.controller.cost)
-    )
+    eng.controller = eng.scheduler.controller = old_controller(eng)
 ctrl = eng.controller
 prompts = [llm.tokenizer.apply_chat_template(p.messages) for p in load_prompts(parse_categories("all"), 3)]
 pending: dict[str, tuple] = {}

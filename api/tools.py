@@ -23,6 +23,10 @@ BENCH_COMMANDS = {
         "specserve.benchmarks.step_log_report",
         "a server's step log (serve --step-log) added up per run of one mode, like ledger",
     ),
+    "guidellm": (
+        "specserve.benchmarks.guidellm_report",
+        "guidellm runs of benchmarks/guidellm_compare.sh, default vs off, as paired ratios",
+    ),
 }
 
 

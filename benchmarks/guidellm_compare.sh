@@ -8,7 +8,13 @@
 #
 # Usage: GUIDELLM=/tmp/gl/bin/guidellm TARGET=http://127.0.0.1:8011 MODEL=smollm2 \
 #            TOKENIZER=/path/to/hf/dir OUT=docs/bench/issue20-guidellm benchmarks/guidellm_compare.sh
-# Optional: LEVELS="1 4 16", PROMPT_TOKENS=256, OUTPUT_TOKENS=64, REQUESTS_PER_STREAM=3.
+# Optional: LEVELS="1 4 16", PROMPT_TOKENS=256, OUTPUT_TOKENS=64, REQUESTS_PER_STREAM=3, REPEATS=1,
+# CLIENT_NICE=19.
+#
+# On a machine whose cores the server uses, guidellm competes with it for them: its data loader makes
+# 4096 synthetic prompts ahead by default (tokenizing each), and at 16 streams on 2 cores the first
+# request came back after 100 s. So the loader makes only the prompts a run sends, and the client runs
+# at a low priority (CLIENT_NICE; 0 to run it as is).
 set -euo pipefail
 : "${GUIDELLM:?path to the guidellm executable}" "${TARGET:?server URL}" "${MODEL:?served model name}"
 : "${TOKENIZER:?HF tokenizer dir or id for the synthetic data}" "${OUT:?output directory}"
@@ -16,32 +22,39 @@ LEVELS=${LEVELS:-"1 4 16"}
 PROMPT_TOKENS=${PROMPT_TOKENS:-256}
 OUTPUT_TOKENS=${OUTPUT_TOKENS:-64}
 REQUESTS_PER_STREAM=${REQUESTS_PER_STREAM:-3}
+REPEATS=${REPEATS:-1}
+CLIENT_NICE=${CLIENT_NICE:-19}
 mkdir -p "$OUT"
 
-run() {  # $1 level, $2 arm name, $3 the request body's "speculative" object
-    local level=$1 arm=$2 spec=$3
+run() {  # $1 level, $2 arm name, $3 the request body's "speculative" object, $4 file name suffix
+    local level=$1 arm=$2 spec=$3 suffix=$4
     local count=$((level * REQUESTS_PER_STREAM))
-    "$GUIDELLM" run \
+    nice -n "$CLIENT_NICE" "$GUIDELLM" run \
         --backend "{\"kind\":\"openai_http\",\"target\":\"$TARGET\",\"model\":\"$MODEL\",\"extras\":{\"body\":{\"speculative\":$spec}}}" \
         --profile "{\"kind\":\"concurrent\",\"streams\":[$level]}" \
         --data "{\"kind\":\"synthetic_text\",\"prompt_tokens\":$PROMPT_TOKENS,\"output_tokens\":$OUTPUT_TOKENS}" \
         --tokenizer "{\"kind\":\"huggingface_auto\",\"model\":\"$TOKENIZER\"}" \
+        --data-loader "{\"kind\":\"pytorch\",\"prefetch_factor\":$count}" \
         --constraint "{\"kind\":\"max_requests\",\"count\":$count}" \
-        --output "{\"kind\":\"json\",\"path\":\"$OUT/c$level-$arm.json\"}" \
+        --output "{\"kind\":\"json\",\"path\":\"$OUT/c$level-$arm$suffix.json\"}" \
         --output "{\"kind\":\"console\"}" \
-        --disable-progress >"$OUT/c$level-$arm.txt" 2>&1
+        --disable-progress >"$OUT/c$level-$arm$suffix.txt" 2>&1
 }
 
-i=0
-for level in $LEVELS; do
-    # Alternate which arm goes first from one level to the next (the machine's speed drifts).
-    if ((i % 2 == 0)); then
-        run "$level" default '{}'
-        run "$level" off '{"enabled":false}'
-    else
-        run "$level" off '{"enabled":false}'
-        run "$level" default '{}'
-    fi
-    i=$((i + 1))
+for ((r = 0; r < REPEATS; r++)); do
+    suffix=$( ((REPEATS > 1)) && echo "-r$r" || true)
+    i=0
+    for level in $LEVELS; do
+        # Alternate which arm goes first from one level and one repeat to the next (the machine's
+        # speed drifts).
+        if (((i + r) % 2 == 0)); then
+            run "$level" default '{}' "$suffix"
+            run "$level" off '{"enabled":false}' "$suffix"
+        else
+            run "$level" off '{"enabled":false}' "$suffix"
+            run "$level" default '{}' "$suffix"
+        fi
+        i=$((i + 1))
+    done
 done
 echo "wrote $OUT"

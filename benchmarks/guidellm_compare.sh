@@ -11,7 +11,9 @@
 # Usage: GUIDELLM=/tmp/gl/bin/guidellm TARGET=http://127.0.0.1:8011 MODEL=smollm2 \
 #            TOKENIZER=/path/to/hf/dir OUT=docs/bench/issue20-guidellm benchmarks/guidellm_compare.sh
 # Optional: LEVELS="1 4 16", PROMPT_TOKENS=256, OUTPUT_TOKENS=64, REQUESTS_PER_STREAM=3, REPEATS=1,
-# CLIENT_NICE=19.
+# CLIENT_NICE=19, and OUTPUT_TOKENS_STDEV / _MIN / _MAX for output lengths drawn around OUTPUT_TOKENS
+# (guidellm's seed is fixed, so both arms get the same lengths; with one length, closed-loop streams
+# that start together stay in step when nothing speculates).
 #
 # On a machine whose cores the server uses, guidellm competes with it for them: its data loader makes
 # 4096 synthetic prompts ahead by default (tokenizing each). On 2 cores (AMD EPYC, SmolLM2, 4 streams,
@@ -24,6 +26,13 @@ set -euo pipefail
 LEVELS=${LEVELS:-"1 4 16"}
 PROMPT_TOKENS=${PROMPT_TOKENS:-256}
 OUTPUT_TOKENS=${OUTPUT_TOKENS:-64}
+OUTPUT_SPREAD=""
+for field in stdev min max; do
+    var="OUTPUT_TOKENS_${field^^}"
+    if [[ -n "${!var:-}" ]]; then
+        OUTPUT_SPREAD+=",\"output_tokens_$field\":${!var}"
+    fi
+done
 REQUESTS_PER_STREAM=${REQUESTS_PER_STREAM:-3}
 REPEATS=${REPEATS:-1}
 CLIENT_NICE=${CLIENT_NICE:-19}
@@ -35,7 +44,7 @@ run() {  # $1 level, $2 arm name, $3 the request body's "speculative" object, $4
     nice -n "$CLIENT_NICE" "$GUIDELLM" run \
         --backend "{\"kind\":\"openai_http\",\"target\":\"$TARGET\",\"model\":\"$MODEL\",\"extras\":{\"body\":{\"speculative\":$spec}}}" \
         --profile "{\"kind\":\"concurrent\",\"streams\":[$level]}" \
-        --data "{\"kind\":\"synthetic_text\",\"prompt_tokens\":$PROMPT_TOKENS,\"output_tokens\":$OUTPUT_TOKENS}" \
+        --data "{\"kind\":\"synthetic_text\",\"prompt_tokens\":$PROMPT_TOKENS,\"output_tokens\":$OUTPUT_TOKENS$OUTPUT_SPREAD}" \
         --tokenizer "{\"kind\":\"huggingface_auto\",\"model\":\"$TOKENIZER\"}" \
         --data-loader "{\"kind\":\"pytorch\",\"prefetch_factor\":$count}" \
         --constraint "{\"kind\":\"max_requests\",\"count\":$count}" \

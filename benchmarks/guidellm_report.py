@@ -5,10 +5,14 @@ with the server's default speculation and once with speculation off per request,
 one JSON report per run: `c<level>-<arm>.json`, or `c<level>-<arm>-r<repeat>.json` with REPEATS > 1.
 This report reads them back and pairs each level's arms repeat by repeat (they ran back to back), so
 the claim is the median of paired ratios of guidellm's own output tokens per second, as everywhere in
-`bench`; guidellm's console tables stay next to its JSON for anyone who wants them.
+`bench`; guidellm's console tables stay next to its JSON for anyone who wants them. The report lists each
+run's start and end as `cells`, as `bench serve` does, so a server's step log of the same runs is cut
+into them by `bench steps --serve-report`.
 
+    specserve serve --step-log steps.jsonl ... &
     benchmarks/guidellm_compare.sh                      # OUT=DIR, see its header
     specserve bench guidellm DIR --output-dir DIR
+    specserve bench steps steps.jsonl --serve-report DIR/guidellm.json
 """
 
 from __future__ import annotations
@@ -109,6 +113,9 @@ def read_run(path: Path) -> dict[str, Any]:
         "output_tokens_per_s": _metric(metrics, "output_tokens_per_second", "mean"),
         "ttft_p50_s": ttft / 1000 if ttft is not None else None,
         "itl_p50_s": itl / 1000 if itl is not None else None,
+        # Wall-clock times (time.time(), as a server's --step-log): where the run's steps lie in the log.
+        "started": float(bench.get("start_time", 0.0)),
+        "ended": float(bench.get("end_time", 0.0)),
     }
 
 
@@ -153,6 +160,16 @@ def build_report(directory: Path, argv: list[str]) -> dict[str, Any]:
         fail(f"{directory}: two reports for concurrency {level}, arm {arm}, repeat {repeat}")
     report = envelope(SCHEMA, KIND, argv)
     report.update(directory=str(directory), runs=rows, summary=summarize(rows))
+    report["cells"] = [  # bench serve's shape, for `bench steps --serve-report`
+        {
+            "concurrency": r["level"],
+            "mode": r["arm"],
+            "repeat": r["repeat"],
+            "started": r["started"],
+            "ended": r["ended"],
+        }
+        for r in sorted(rows, key=lambda r: r["started"])
+    ]
     return report
 
 

@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--serve-report",
         default=None,
-        help="a bench serve serve.json of the same run: steps are cut by its cells' start and end times"
+        help="a bench serve serve.json (or bench guidellm guidellm.json) of the same run: steps are cut by"
+        " its cells' start and end times"
         " instead of by mode (cells of one mode in a row stay apart; warm-up steps are left out)",
     )
     add_output_args(p, KIND)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from specserve.api.tools import BENCH_COMMANDS
-from specserve.benchmarks import guidellm_report
+from specserve.benchmarks import guidellm_report, step_log_report
 
 REPO = Path(__file__).resolve().parents[2]
 # guidellm 0.8.1 against `specserve serve` (ninth session): one repeat, levels 1, 4 and 16.
@@ -53,6 +53,13 @@ def test_real_guidellm_reports_are_paired_by_repeat(tmp_path):
         assert summary["ahead"] == 1
     (c16,) = [r for r in report["runs"] if (r["level"], r["repeat"], r["arm"]) == (16, 0, "default")]
     assert c16["successful"] == 32 and c16["output_tokens"] == 32 * 32 and c16["duration_s"] > 0
+    # Each run's wall-clock window, in bench serve's shape: `bench steps --serve-report` cuts a server's
+    # step log of the same runs by it.
+    cells = report["cells"]
+    assert len(cells) == 8 and all(c["started"] < c["ended"] for c in cells)
+    assert [c["started"] for c in cells] == sorted(c["started"] for c in cells)
+    windows = step_log_report.serve_cells(out / "guidellm.json")
+    assert {label for label, *_ in windows} == {"c1 default", "c1 off", "c16 default", "c16 off"}
     text = (out / "guidellm.md").read_text()
     assert "| concurrency | default tok/s | off tok/s |" in text
     assert (out / "guidellm.png").read_bytes()[:4] == b"\x89PNG"
@@ -89,7 +96,8 @@ def test_a_missing_directory_is_a_one_line_error(tmp_path, capsys):
 
 
 def test_the_script_alternates_which_arm_goes_first_by_level_and_repeat(tmp_path):
-    """guidellm itself needs its own virtualenv (an unpinned torch), so a stand-in executable records
+    """guidellm itself needs its own virtualenv (an unpinned torch), so a stand-in executable checks the
+    arguments it is given (the loader bounded to the run's requests, the data's output spread), records
     the order of the runs and writes the JSON path it is given, as guidellm does."""
     calls = tmp_path / "calls.txt"
     fake = tmp_path / "guidellm"
@@ -103,6 +111,9 @@ def test_the_script_alternates_which_arm_goes_first_by_level_and_repeat(tmp_path
         "loader = json.loads(args[args.index('--data-loader') + 1])\n"
         "count = json.loads(args[args.index('--constraint') + 1])['count']\n"
         "assert loader['prefetch_factor'] == count, (loader, count)\n"
+        "data = json.loads(args[args.index('--data') + 1])\n"
+        "assert data == {'kind': 'synthetic_text', 'prompt_tokens': 256, 'output_tokens': 32,"
+        " 'output_tokens_stdev': 8, 'output_tokens_min': 16}, data\n"
         f"open({str(calls)!r}, 'a').write(path.rsplit('/', 1)[1] + ' ' + json.dumps(spec) + '\\n')\n"
         "open(path, 'w').write('{}')\n"
     )
@@ -118,6 +129,10 @@ def test_the_script_alternates_which_arm_goes_first_by_level_and_repeat(tmp_path
         "REPEATS": "2",
         "REQUESTS_PER_STREAM": "2",
         "CLIENT_NICE": "0",
+        "PROMPT_TOKENS": "256",
+        "OUTPUT_TOKENS": "32",
+        "OUTPUT_TOKENS_STDEV": "8",
+        "OUTPUT_TOKENS_MIN": "16",
     }
     subprocess.run(["bash", str(SCRIPT)], env=env, check=True, capture_output=True, timeout=60)
     order = [line.split()[0] for line in calls.read_text().splitlines()]

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+from . import harness
 from .common import fmt, md_table
 from .harness import (
     add_output_args,
@@ -65,9 +66,7 @@ RUN_FILE = re.compile(r"^c(?P<level>\d+)-(?P<arm>[a-z]+)(?:-r(?P<repeat>\d+))?\.
 
 
 def fail(message: str) -> NoReturn:
-    """A one-line error on stderr, exit code 2 (bad input, as for any CLI flag)."""
-    print(f"specserve bench guidellm: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    harness.fail("specserve bench guidellm", message)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 from .common import command_line, default_output_dir, machine_info, now_iso, write_json
 
@@ -97,6 +97,12 @@ def add_output_args(parser: argparse.ArgumentParser, kind: str) -> None:
     )
     o.add_argument("--no-plots", action="store_true")
     o.add_argument("--no-progress", action="store_true")
+
+
+def fail(command: str, message: str) -> NoReturn:
+    """`command: message` on stderr as one line, exit code 2 (bad input, as for any CLI flag)."""
+    print(f"{command}: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def int_list(text: str) -> list[int]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NoReturn
 
+from . import harness
 from .common import fmt, md_table
 from .harness import add_output_args, envelope, markdown_document, output_dir, print_report, write_report
 from .step_cost_fit import fit_decode_costs
@@ -38,9 +39,7 @@ SECONDS = ("step_seconds", "draft_seconds", "forward_seconds")
 
 
 def fail(message: str) -> NoReturn:
-    """A one-line error on stderr, exit code 2 (bad input, as for any CLI flag)."""
-    print(f"specserve bench steps: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    harness.fail("specserve bench steps", message)
 
 
 def build_parser() -> argparse.ArgumentParser:

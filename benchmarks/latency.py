@@ -28,15 +28,14 @@ import argparse
 import importlib.util
 import logging
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from specserve.engine.stats import per_position_acceptance
 
-from . import latency_report, llama_cpp_peer
+from . import harness, latency_report, llama_cpp_peer
 from . import response_format as rf
 from . import stats as st
 from .common import progress
@@ -241,10 +240,8 @@ def _select_methods(args: argparse.Namespace) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _usage_error(message: str) -> None:
-    """A one-line error and exit status 2, as for a bad command line."""
-    print(f"specserve bench latency: {message}", file=sys.stderr)
-    raise SystemExit(2)
+def _usage_error(message: str) -> NoReturn:
+    harness.fail("specserve bench latency", message)
 
 
 # --- arms ----------------------------------------------------------------------------------------------

@@ -135,7 +135,8 @@ def test_the_script_alternates_which_arm_goes_first_by_level_and_repeat(tmp_path
         "OUTPUT_TOKENS_MIN": "16",
     }
     subprocess.run(["bash", str(SCRIPT)], env=env, check=True, capture_output=True, timeout=60)
-    order = [line.split()[0] for line in calls.read_text().splitlines()]
+    lines = calls.read_text().splitlines()
+    order = [line.split()[0] for line in lines]
     assert order == [
         "c1-default-r0.json",
         "c1-off-r0.json",
@@ -150,8 +151,6 @@ def test_the_script_alternates_which_arm_goes_first_by_level_and_repeat(tmp_path
         "c16-off-r1.json",
         "c16-default-r1.json",
     ]
-    specs = {
-        line.split(maxsplit=1)[0]: json.loads(line.split(maxsplit=1)[1])
-        for line in calls.read_text().splitlines()
-    }
-    assert specs["c1-off-r0.json"] == {"enabled": False} and specs["c1-default-r0.json"] == {}
+    specs = dict(line.split(maxsplit=1) for line in lines)
+    assert json.loads(specs["c1-off-r0.json"]) == {"enabled": False}
+    assert json.loads(specs["c1-default-r0.json"]) == {}

@@ -490,8 +490,10 @@ class EngineCore:
         """Emitted tokens per window (accepted drafts + one recovered or bonus token); None for a
         window whose logits are not finite (a numerical fault in that request: it alone fails)."""
         # A row is finite iff its sum is (logits are far below float32's range): one read of [N, V].
-        finite_rows = torch.isfinite(logits.sum(dim=-1))  # [N]
-        good = [w for w in batch.windows if bool(finite_rows[w.rows].all())]
+        # One list read back, not a tensor index and a read back per window: verification's host time
+        # at 16 SmolLM2 sequences on the EPYC VM went from 0.57-0.61 to 0.50-0.52 ms a step.
+        finite_rows = torch.isfinite(logits.sum(dim=-1)).tolist()  # [N]
+        good = [w for w in batch.windows if all(finite_rows[w.rows])]
         if not good:
             return [None] * len(batch.windows)
         if len(good) < len(batch.windows):

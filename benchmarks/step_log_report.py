@@ -31,6 +31,7 @@ from .harness import add_output_args, envelope, markdown_document, output_dir, p
 from .step_cost_fit import fit_decode_costs
 from .step_ledger import KIND_HEADER, KINDS, kind_rows, ledger
 from .step_ledger import plot as ledger_plot
+from .step_work_price import price_cells
 
 SCHEMA = "specserve.bench.step_log/1"
 KIND = "step_log"
@@ -139,10 +140,12 @@ def build_report(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         groups = [(mode, index, run) for index, (mode, run) in enumerate(runs(steps))]
     cells = []
     kept: list[SimpleNamespace] = []
+    kept_groups = []
     for mode, index, steps in groups:
         if len(steps) < args.min_steps:
             continue
         kept += steps
+        kept_groups.append((mode, index, steps))
         seconds = sum(s.step_seconds for s in steps)
         tokens = sum(s.emitted_tokens for s in steps)
         cells.append(
@@ -161,6 +164,8 @@ def build_report(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     report["config"] = {"log": args.log, "min_steps": args.min_steps, "serve_report": args.serve_report}
     report["cells"] = cells
     report["cost_fit"] = fit_decode_costs(kept)
+    # Pairs by repeat exist only where a serve report names the cells.
+    report["work_price"] = price_cells(kept_groups) if args.serve_report else None
     return report
 
 
@@ -225,7 +230,41 @@ def markdown(report: dict[str, Any]) -> str:
             md_table(COST_FIT_HEADER, [_fit_row(f) for f in fits]),
             "",
         ]
+    lines += work_price_lines(report.get("work_price"))
     return markdown_document(lines, report)
+
+
+def work_price_lines(price: dict[str, Any] | None) -> list[str]:
+    """The pairs' ratios split into the work each mode did and the speed its forwards ran at."""
+    if not price or not price["pairs"]:
+        return []
+    coef = price["coefficients_ms"]
+    pair_rows = [
+        [f"{p['mode']} / {p['reference']} (r{p['repeat']})"]
+        + [fmt(p[k], 3) for k in ("measured", "work", "speed")]
+        for p in price["pairs"]
+    ]
+    summary_rows = [
+        [f"{s['mode']} / {s['reference']}", f"{s['pairs']}"]
+        + [
+            f"{fmt(s[k + '_median'], 3)} / {fmt(s[k + '_geometric'], 3)}"
+            for k in ("measured", "work", "speed")
+        ]
+        for s in price["summary"]
+    ]
+    return [
+        "Each cell's work priced alike: one line over every cell's forwards (ms: "
+        + ", ".join(f"{name} {fmt(value, 2)}" for name, value in coef.items())
+        + "), plus what the cell measured outside its forwards. measured = tokens over step time against"
+        " the reference cell of the same repeat; work = the same over priced time (what the mode had the"
+        " engine do); speed = how fast its forwards ran against the line, relative to the reference's"
+        " (measured is about work x speed).",
+        "",
+        md_table(["pair", "measured", "work", "speed"], pair_rows),
+        "",
+        md_table(["modes", "pairs", "measured: median / geometric", "work", "speed"], summary_rows),
+        "",
+    ]
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,73 @@
+"""The target forward of one 16-sequence SmolLM2 decode step, without and with verification windows,
+in-process (the windows' tokens are placeholders: only the forward's time is read).
+
+    python docs/bench/issue20-window-cost-s29/window_cost.py [ROUNDS] [VARIANT_TO_PROFILE]
+    EXPAND=1 python ...   # with expand_patch.py: windows attended as single-row queries
+"""
+
+import os
+import random
+import statistics as st
+import sys
+import time
+
+if os.environ.get("EXPAND"):
+    sys.path.insert(0, os.path.dirname(__file__))
+    import expand_patch  # noqa: F401 (patches AttentionMetadata.build)
+
+from specserve.benchmarks.prompt_sets import load_prompts, parse_categories
+from specserve.engine import LLM, SamplingParams
+from specserve.engine.step_batch import Draft, WindowBatch
+
+llm = LLM(None, max_batch_size=16, num_speculative_tokens=8, speculative_policy="static")
+eng = llm.engine
+prompts = [llm.tokenizer.apply_chat_template(p.messages) for p in load_prompts(parse_categories("all"), 3)][
+    :16
+]
+params = SamplingParams(max_tokens=300, temperature=0, ignore_eos=True, speculative_enabled=False)
+for p in prompts:
+    eng.add_request(eng.make_request(p, params))
+for _ in range(30):  # prompts prefilled, every request decoding
+    eng.step()
+for r in eng.scheduler.running:  # the next step allocates 8 draft slots a request
+    r.params.speculative_enabled = True
+    r.params.speculative_policy = "static"
+    r.params.num_speculative_tokens = 8
+sched = eng.scheduler.schedule()
+assert len(sched.scheduled) == 16 and all(s.num_new_tokens == 1 for s in sched.scheduled)
+rids = [s.request.request_id for s in sched.scheduled]
+variants = {
+    "plain": {},
+    "1 window of 2": {rids[0]: 1},
+    "1 window of 9": {rids[0]: 8},
+    "3 windows 2,3,5": {rids[0]: 1, rids[1]: 2, rids[2]: 4},
+    "6 windows 2..9": {rids[i]: k for i, k in enumerate([1, 2, 3, 5, 7, 8])},
+    "16 windows of 5": {r: 4 for r in rids},
+}
+batches = {
+    name: WindowBatch.build(sched.scheduled, eng._states, {r: Draft([42] * k, None) for r, k in v.items()})
+    for name, v in variants.items()
+}
+times: dict[str, list[float]] = {name: [] for name in batches}
+names = list(batches)
+for _ in range(int(sys.argv[1]) if len(sys.argv) > 1 else 25):
+    random.shuffle(names)
+    for name in names:
+        start = time.perf_counter()
+        eng._forward(batches[name])
+        times[name].append(time.perf_counter() - start)
+base = st.median(times["plain"])
+for name in batches:
+    m = st.median(times[name])
+    print(
+        f"{name:18s} {1e3 * m:6.1f} ms, +{1e3 * (m - base):5.1f} ms over plain, {sum(variants[name].values())} draft rows"
+    )
+if len(sys.argv) > 2:
+    from torch.profiler import ProfilerActivity, profile
+
+    for name in ("plain", sys.argv[2]):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(5):
+                eng._forward(batches[name])
+        print("=====", name)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14))

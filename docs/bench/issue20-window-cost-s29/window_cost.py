@@ -3,6 +3,7 @@ in-process (the windows' tokens are placeholders: only the forward's time is rea
 
     python docs/bench/issue20-window-cost-s29/window_cost.py [ROUNDS] [VARIANT_TO_PROFILE]
     EXPAND=1 python ...   # with expand_patch.py: windows attended as single-row queries
+    MERGE2=1 python ...   # with merge2_patch.py: decodes and 2-row windows as one attention group
 """
 
 import os
@@ -11,9 +12,11 @@ import statistics as st
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(__file__))
 if os.environ.get("EXPAND"):
-    sys.path.insert(0, os.path.dirname(__file__))
     import expand_patch  # noqa: F401 (patches AttentionMetadata.build)
+if os.environ.get("MERGE2"):
+    import merge2_patch  # noqa: F401 (patches query_groups)
 
 from specserve.benchmarks.prompt_sets import load_prompts, parse_categories
 from specserve.engine import LLM, SamplingParams
@@ -41,6 +44,7 @@ variants = {
     "1 window of 2": {rids[0]: 1},
     "1 window of 9": {rids[0]: 8},
     "3 windows 2,3,5": {rids[0]: 1, rids[1]: 2, rids[2]: 4},
+    "3 windows of 2": {rids[0]: 1, rids[1]: 1, rids[2]: 1},
     "6 windows 2..9": {rids[i]: k for i, k in enumerate([1, 2, 3, 5, 7, 8])},
     "16 windows of 5": {r: 4 for r in rids},
 }

@@ -9,7 +9,8 @@ with the run before it; two cells of one mode in a row are one run. Given the `s
 run (`--serve-report`), the log is cut by its cells' start and end times instead, one table per cell.
 Per run and kind of step, the same table as `bench ledger`: steps, seconds
 (proposer, target forward), emitted tokens, tokens per second of step time, and what the speculation
-controller expected of its drafting steps.
+controller expected of its drafting steps. With a serve report, each pair of cells' ratio is also split
+into the work each mode had the engine do and the speed its forwards ran at (step_work_price.py).
 
     specserve serve --step-log steps.jsonl ... &
     specserve bench serve --base-url http://127.0.0.1:8000 --modes off,adaptive ...
@@ -253,7 +254,7 @@ def work_price_lines(price: dict[str, Any] | None) -> list[str]:
         for s in price["summary"]
     ]
     return [
-        "Each cell's work priced alike: one line over every cell's forwards (ms: "
+        "Each cell's work priced alike: one line fitted over every cell's forwards with a speed per cell (ms: "
         + ", ".join(f"{name} {fmt(value, 2)}" for name, value in coef.items())
         + "), plus what the cell measured outside its forwards. measured = tokens over step time against"
         " the reference cell of the same repeat; work = the same over priced time (what the mode had the"

@@ -1,3 +1,5 @@
+"""In-process: garbage collections (gc.callbacks) during off and adaptive runs of 48 requests at 16."""
+
 import gc
 import time
 
@@ -9,32 +11,27 @@ prompts = [llm.tokenizer.apply_chat_template(p.messages) for p in load_prompts(p
     :48
 ]
 gc.collect()
-acc = {"t": 0.0, "n": [0, 0, 0], "start": 0.0}
+acc = {"seconds": 0.0, "started": 0.0, "by_generation": [0, 0, 0]}
 
 
-def cb(phase, info):
+def on_gc(phase: str, info: dict) -> None:
     if phase == "start":
-        acc["start"] = time.perf_counter()
+        acc["started"] = time.perf_counter()
     else:
-        acc["t"] += time.perf_counter() - acc["start"]
-        acc["n"][info["generation"]] += 1
+        acc["seconds"] += time.perf_counter() - acc["started"]
+        acc["by_generation"][info["generation"]] += 1
 
 
-gc.callbacks.append(cb)
-for r in range(3):
+gc.callbacks.append(on_gc)
+for _ in range(3):
     for arm in ("off", "adaptive"):
         kw = {"speculative_enabled": False} if arm == "off" else {"speculative_policy": "adaptive"}
-        acc["t"] = 0.0
-        acc["n"] = [0, 0, 0]
+        acc["seconds"], acc["by_generation"] = 0.0, [0, 0, 0]
         llm.engine.stats.drain_events()
-        llm.generate(
-            prompts,
-            SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, **kw),
-            use_chat_template=False,
-        )
-        ev = llm.engine.stats.drain_events()
+        params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, **kw)
+        llm.generate(prompts, params, use_chat_template=False)
+        steps = len(llm.engine.stats.drain_events().steps)
         print(
-            arm,
-            f"steps {len(ev.steps)} gc {1e3 * acc['t']:.1f} ms total, collections by generation {acc['n']}, per step {1e3 * acc['t'] / len(ev.steps):.3f} ms",
-            flush=True,
+            f"{arm} steps {steps} gc {1e3 * acc['seconds']:.1f} ms total, collections by generation"
+            f" {acc['by_generation']}, per step {1e3 * acc['seconds'] / steps:.3f} ms"
         )

@@ -140,13 +140,8 @@ def build_report(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     else:
         groups = [(mode, index, run) for index, (mode, run) in enumerate(runs(steps))]
     cells = []
-    kept: list[SimpleNamespace] = []
-    kept_groups = []
-    for mode, index, steps in groups:
-        if len(steps) < args.min_steps:
-            continue
-        kept += steps
-        kept_groups.append((mode, index, steps))
+    kept = [(mode, index, steps) for mode, index, steps in groups if len(steps) >= args.min_steps]
+    for mode, index, steps in kept:
         seconds = sum(s.step_seconds for s in steps)
         tokens = sum(s.emitted_tokens for s in steps)
         cells.append(
@@ -164,9 +159,9 @@ def build_report(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     report = envelope(SCHEMA, "steps", argv)
     report["config"] = {"log": args.log, "min_steps": args.min_steps, "serve_report": args.serve_report}
     report["cells"] = cells
-    report["cost_fit"] = fit_decode_costs(kept)
+    report["cost_fit"] = fit_decode_costs([s for _, _, steps in kept for s in steps])
     # Pairs by repeat exist only where a serve report names the cells.
-    report["work_price"] = price_cells(kept_groups) if args.serve_report else None
+    report["work_price"] = price_cells(kept) if args.serve_report else None
     return report
 
 

@@ -25,10 +25,12 @@ very different contexts are not priced alike by it.
 from __future__ import annotations
 
 import math
-import statistics
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from .stats import geomean, median
 
 COEFFICIENTS = (
     "prefill_step_ms",
@@ -41,7 +43,7 @@ REFERENCE_MODE = "off"
 FIT_ROUNDS = 100  # alternations of line and speeds (converged to 1e-9 in ~20 on served logs)
 
 
-def _features(step: Any) -> list[float]:
+def step_features(step: Any) -> list[float]:
     """[has a prompt, decode only, prompt tokens, decode rows, draft rows] of one step."""
     prompt = step.prefill_tokens
     drafts = step.draft_tokens
@@ -54,14 +56,17 @@ def has_shapes(step: Any) -> bool:
     return all(isinstance(getattr(step, f, None), int) for f in ("num_tokens", "draft_tokens"))
 
 
-def fit_line(cells: list[list[Any]]) -> tuple[np.ndarray, list[float]]:
-    """([5] seconds per feature at unit speed, each cell's slowness: its forwards' seconds over the
+def fit_line(
+    cells: list[list[Any]], features: Callable[[Any], list[float]] = step_features
+) -> tuple[np.ndarray, list[float]]:
+    """([F] seconds per feature at unit speed, each cell's slowness: its forwards' seconds over the
     line's), alternating least squares; the slownesses have a geometric mean of 1 (the line's scale is
-    otherwise free). A feature no step has gets 0."""
-    designs = [np.array([_features(s) for s in steps]) for steps in cells]  # [steps, 5] per cell
+    otherwise free). A feature no step has gets 0. `features`: a step's [F] regressors (by default the
+    five of `step_features`)."""
+    designs = [np.array([features(s) for s in steps]) for steps in cells]  # [steps, F] per cell
     seconds = [np.array([s.forward_seconds for s in steps]) for steps in cells]  # [steps] per cell
     slowness = np.ones(len(cells))
-    coef = np.zeros(len(COEFFICIENTS))
+    coef = np.zeros(designs[0].shape[1])
     for _ in range(FIT_ROUNDS):
         target = np.concatenate([y / w for y, w in zip(seconds, slowness, strict=True)])
         coef, *_ = np.linalg.lstsq(np.vstack(designs), target, rcond=None)
@@ -92,7 +97,7 @@ def price_cells(groups: list[tuple[str, int, list[Any]]]) -> dict[str, Any] | No
     cells = []
     for (label, repeat, steps), slow in zip(kept, slowness, strict=True):
         forward = sum(s.forward_seconds for s in steps)
-        priced_forward = float(np.array([_features(s) for s in steps]).sum(axis=0) @ coef)
+        priced_forward = float(np.array([step_features(s) for s in steps]).sum(axis=0) @ coef)
         outside = sum(s.step_seconds - s.forward_seconds for s in steps)
         tokens = sum(s.emitted_tokens for s in steps)
         cells.append(
@@ -133,8 +138,8 @@ def price_cells(groups: list[tuple[str, int, list[Any]]]) -> dict[str, Any] | No
             continue
         row: dict[str, Any] = {"mode": mode, "reference": reference, "pairs": len(mine)}
         for key in ("measured", "work", "speed"):
-            row[f"{key}_median"] = statistics.median(p[key] for p in mine)
-            row[f"{key}_geometric"] = _geometric([p[key] for p in mine])
+            row[f"{key}_median"] = median(p[key] for p in mine)
+            row[f"{key}_geometric"] = geomean(p[key] for p in mine)
         summary.append(row)
     return {
         "coefficients_ms": dict(zip(COEFFICIENTS, (float(c) * 1e3 for c in coef), strict=True)),
@@ -142,7 +147,3 @@ def price_cells(groups: list[tuple[str, int, list[Any]]]) -> dict[str, Any] | No
         "pairs": pairs,
         "summary": summary,
     }
-
-
-def _geometric(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from specserve.benchmarks.step_log_report import cut_by_cells, serve_cells
-from specserve.benchmarks.step_work_price import _features, fit_line
+from specserve.benchmarks.step_work_price import fit_line, step_features
 
 BENCH = Path(__file__).parent.parent
 RUNS = ["issue20-serve-smollm2-epyc512-c16-r16-s29", "issue20-serve-smollm2-epyc512-c16-r12-s27"]
@@ -31,10 +31,10 @@ def report(run: Path) -> None:
         drafts = sum(s.draft_tokens for s in drafting)
         tokens = sum(s.emitted_tokens for s in drafting)
         plain_tokens = sum(s.num_sequences for s in drafting)  # one a sequence without drafts
-        priced = sum(float(np.array(_features(s)) @ coef) for s in drafting)
+        priced = sum(float(np.array(step_features(s)) @ coef) for s in drafting)
         undrafted = [SimpleNamespace(**{**vars(s), "num_tokens": s.num_tokens - s.draft_tokens, "draft_tokens": 0})
                      for s in drafting]  # fmt: skip
-        priced_plain = sum(float(np.array(_features(s)) @ coef) for s in undrafted)
+        priced_plain = sum(float(np.array(step_features(s)) @ coef) for s in undrafted)
         ratio = (tokens / priced) / (plain_tokens / priced_plain)
         print(
             f"  r{repeat}: {len(drafting)} steps, {drafts} drafts, {(tokens - plain_tokens) / drafts:.2f} accepted a"

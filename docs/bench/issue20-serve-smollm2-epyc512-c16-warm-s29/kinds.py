@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from specserve.benchmarks.step_log_report import cut_by_cells, serve_cells
-from specserve.benchmarks.step_work_price import _features, fit_line
+from specserve.benchmarks.step_work_price import fit_line, step_features
 
 run = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent
 report = Path(sys.argv[2]) if len(sys.argv) > 2 else run / "measured" / "serve.json"
@@ -32,7 +32,7 @@ for label, _, group in groups:
     for s in group:
         t = totals.setdefault((label.split()[1], kind(s)), [0.0, 0.0, 0])
         t[0] += s.forward_seconds
-        t[1] += float(np.array(_features(s)) @ coef)
+        t[1] += float(np.array(step_features(s)) @ coef)
         t[2] += 1
 for (arm, k), (measured, priced, n) in sorted(totals.items()):
     print(f"{arm:9s} {k:15s} {n:5d} steps, measured / priced {measured / priced:.3f} ({measured:.1f} s)")

@@ -6,15 +6,15 @@ riding along, for plain and for drafting decode steps, then per prompt token, de
 """
 
 import json
-import math
-import statistics
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
+from specserve.benchmarks.stats import geomean, median
 from specserve.benchmarks.step_log_report import cut_by_cells, serve_cells
+from specserve.benchmarks.step_work_price import fit_line
 
 TERMS = ("prefill only", "prefill + decodes", "plain", "drafting", "prompt token", "decode row", "draft row")
 
@@ -33,23 +33,13 @@ def features(s: SimpleNamespace) -> list[float]:
     ]
 
 
-def geometric(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
 def main() -> None:
     run = Path(sys.argv[1])
     report = Path(sys.argv[2]) if len(sys.argv) > 2 else run / "serve.json"
     steps = [SimpleNamespace(**json.loads(line)) for line in (run / "steps.jsonl").read_text().splitlines()]
     groups = [g for g in cut_by_cells(steps, serve_cells(report)) if g[2]]
+    coef, slowness = fit_line([g for _, _, g in groups], features)
     designs = [np.array([features(s) for s in g]) for _, _, g in groups]
-    seconds = [np.array([s.forward_seconds for s in g]) for _, _, g in groups]
-    slowness = np.ones(len(groups))
-    for _ in range(60):
-        target = np.concatenate([y / w for y, w in zip(seconds, slowness, strict=True)])
-        coef, *_ = np.linalg.lstsq(np.vstack(designs), target, rcond=None)
-        slowness = np.array([y.sum() / (x @ coef).sum() for x, y in zip(designs, seconds, strict=True)])
-        slowness /= math.exp(float(np.mean(np.log(slowness))))
     print("ms:", ", ".join(f"{t} {c * 1e3:.2f}" for t, c in zip(TERMS, coef, strict=True)))
     cells = {}
     for (label, repeat, g), x, w in zip(groups, designs, slowness, strict=True):
@@ -65,9 +55,7 @@ def main() -> None:
             measured.append(a[1] / o[1])
             speed.append(a[2] / o[2])
     for name, values in (("steps-time", measured), ("work", work), ("speed", speed)):
-        print(
-            f"adaptive / off {name}: median {statistics.median(values):.3f}, geometric {geometric(values):.3f}"
-        )
+        print(f"adaptive / off {name}: median {median(values):.3f}, geometric {geomean(values):.3f}")
 
 
 if __name__ == "__main__":

@@ -12,33 +12,14 @@ import statistics as st
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
+from decoding_step import decoding_step, with_windows
+
 if os.environ.get("EXPAND"):
     import expand_patch  # noqa: F401 (patches AttentionMetadata.build)
 if os.environ.get("MERGE2"):
     import merge2_patch  # noqa: F401 (patches query_groups)
 
-from specserve.benchmarks.prompt_sets import load_prompts, parse_categories
-from specserve.engine import LLM, SamplingParams
-from specserve.engine.step_batch import Draft, WindowBatch
-
-llm = LLM(None, max_batch_size=16, num_speculative_tokens=8, speculative_policy="static")
-eng = llm.engine
-prompts = [llm.tokenizer.apply_chat_template(p.messages) for p in load_prompts(parse_categories("all"), 3)][
-    :16
-]
-params = SamplingParams(max_tokens=300, temperature=0, ignore_eos=True, speculative_enabled=False)
-for p in prompts:
-    eng.add_request(eng.make_request(p, params))
-for _ in range(30):  # prompts prefilled, every request decoding
-    eng.step()
-for r in eng.scheduler.running:  # the next step allocates 8 draft slots a request
-    r.params.speculative_enabled = True
-    r.params.speculative_policy = "static"
-    r.params.num_speculative_tokens = 8
-sched = eng.scheduler.schedule()
-assert len(sched.scheduled) == 16 and all(s.num_new_tokens == 1 for s in sched.scheduled)
-rids = [s.request.request_id for s in sched.scheduled]
+eng, scheduled, rids = decoding_step()
 variants = {
     "plain": {},
     "1 window of 2": {rids[0]: 1},
@@ -48,10 +29,7 @@ variants = {
     "6 windows 2..9": {rids[i]: k for i, k in enumerate([1, 2, 3, 5, 7, 8])},
     "16 windows of 5": {r: 4 for r in rids},
 }
-batches = {
-    name: WindowBatch.build(sched.scheduled, eng._states, {r: Draft([42] * k, None) for r, k in v.items()})
-    for name, v in variants.items()
-}
+batches = {name: with_windows(eng, scheduled, v) for name, v in variants.items()}
 times: dict[str, list[float]] = {name: [] for name in batches}
 names = list(batches)
 for _ in range(int(sys.argv[1]) if len(sys.argv) > 1 else 25):

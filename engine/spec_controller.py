@@ -85,6 +85,17 @@ DRAFT_ALPHA = 0.2
 # restarts the calibration's offset. A step without drafts in 40 at such a thin margin costs < 0.5%.
 STALE_FORWARDS = 40
 REFRESH_MARGIN = 1.25
+# A plain decode step priced above the last step of the same batch with draft rows, each by its own
+# calibration, says one of the two prices is another time's machine speed (rows cannot make a step
+# cheaper). The kind not measured for this many decode forwards of its batch size is then the stale
+# one: a plain price is measured again at once, whatever drafting's margin, and either kind's next
+# measurement restarts its offset (StepCostModel.plain_is_behind). At 16 SmolLM2 clients on the EPYC
+# VM a slow spell left the plain price at 117 ms while drafting steps ran 89-102 ms; the "never below
+# plain" floor then priced 26-48 rows at nothing, and the first cells after a server start drafted 80
+# steps at 0.19-0.32 accepted a draft, delivering 0.90-0.99x of the same steps undrafted. Replayed over
+# two such runs' logs, the plain price was behind in 8 of the 9 cells whose drafting steps delivered
+# less than undrafted ones and in none of the 18 whose drafting gained (1.02-1.13x).
+INCONSISTENT_FORWARDS = 8
 # The forwards a calibration's offset starts from (their median residual), and the plain decode steps a
 # batch size must have measured before drafting is weighed against their price: the first decode step
 # after a prefill can take twice a plain step's time (Qwen pair, 2 clients, AVX-512 Xeon: 0.69 s, then
@@ -326,6 +337,7 @@ class _Calibration:
     slope: float = 1.0  # fitted once per observation: predict runs for every draft slot of every step
     offset: float = 0.0
     last_forward: int = 0  # the batch bucket's decode forward count when this kind was last measured
+    last_shape: tuple[int, float] = (1, 0.0)  # (sequences, regressor) of the last decode forward measured
     # (profiled, measured) of the first RESTART_FORWARDS forwards since the offset (re)started: the
     # offset is their median residual until then, so one odd forward does not set it.
     restart: list[tuple[float, float]] = field(default_factory=list)
@@ -489,6 +501,30 @@ class StepCostModel:
             return any(b == bucket for b, _, _ in self._calibration)
         return self._forwards.get(bucket, 0) - plain.last_forward >= STALE_FORWARDS
 
+    def _below_plain(self, bucket: int, num_sequences: int, profiled: float) -> bool:
+        """Whether a step with draft rows (its regressor `profiled`) is priced by its own calibration
+        below the plain step of the same batch by theirs (INCONSISTENT_FORWARDS)."""
+        plain = self._calibration.get((bucket, False, False))
+        drafting = self._calibration.get((bucket, False, True))
+        if plain is None or drafting is None or not plain.settled or not drafting.settled:
+            return False
+        return drafting.predict(profiled) < plain.predict(float(max(1, num_sequences)))
+
+    def plain_is_behind(self, num_sequences: int) -> bool:
+        """Whether this batch size's plain price is above what the last step with draft rows is priced
+        at by its own calibration, and was last measured INCONSISTENT_FORWARDS or more decode forwards
+        of it ago (steps with draft rows ran since): then the plain price is the stale one, and the
+        drafting steps' prices rest on the floor it sets (`target_seconds`), so their rows look free.
+        The last drafting step's own shape is compared, not one extrapolated along the profile: steps
+        of eight rows priced right extrapolate to one row below a plain step that costs as much."""
+        bucket = _bucket(num_sequences)
+        plain = self._calibration.get((bucket, False, False))
+        drafting = self._calibration.get((bucket, False, True))
+        if plain is None or drafting is None:
+            return False
+        age = self._forwards.get(bucket, 0) - plain.last_forward
+        return age >= INCONSISTENT_FORWARDS and self._below_plain(bucket, *drafting.last_shape)
+
     def plain_is_measured(self, num_sequences: int) -> bool:
         """Whether the plain decode steps of this batch size were measured RESTART_FORWARDS times. Until
         then their price is the steps with draft rows' calibration standing in, or one or two
@@ -573,11 +609,19 @@ class StepCostModel:
         if prefill:
             calibration.observe(x, seconds)
             return
+        age = self._forwards.get(bucket, 0) - calibration.last_forward  # forwards since this kind ran
+        if key[2]:  # a step with draft rows: is its own old price below the plain one?
+            behind = self._below_plain(bucket, num_sequences, x)
+        else:
+            behind = self.plain_is_behind(num_sequences)
+        stale = calibration.weight > 0 and (
+            age >= STALE_FORWARDS or (age >= INCONSISTENT_FORWARDS and behind)
+        )
         forwards = self._forwards.get(bucket, 0) + 1
         self._forwards[bucket] = forwards
-        stale = calibration.weight > 0 and forwards - calibration.last_forward > STALE_FORWARDS
         calibration.observe(x, seconds, stale)
         calibration.last_forward = forwards
+        calibration.last_shape = (num_sequences, x)
 
     def observe_draft(self, num_requests: int, num_steps: int, seconds: float, setup_tokens: int = 0) -> None:
         """A drafting step's proposer time: `num_steps` draft steps for `num_requests` requests, after
@@ -941,15 +985,21 @@ class SpeculationController:
                     ),
                     key=lambda b: b[0],
                 )
-        # A thin margin may rest on a stale plain price (StepCostModel.plain_is_stale), and any margin
-        # on a plain price never measured: one step without drafts measures it. Only a step that is
+        # A thin margin may rest on a stale plain price (StepCostModel.plain_is_stale), any margin on a
+        # plain price never measured, and any on a plain price above the drafting steps' own
+        # (StepCostModel.plain_is_behind): one step without drafts measures it. Only a step that is
         # plain without them does.
         refresh = (
             best_n > 0
-            and (best < bar * REFRESH_MARGIN or not self.cost.plain_is_measured(num_sequences))
             and fixed.tokens == 0
             and base_tokens == num_sequences
-            and self.cost.plain_is_stale(num_sequences)
+            and (
+                (
+                    (best < bar * REFRESH_MARGIN or not self.cost.plain_is_measured(num_sequences))
+                    and self.cost.plain_is_stale(num_sequences)
+                )
+                or self.cost.plain_is_behind(num_sequences)
+            )
         )
         if best < bar or refresh:
             best_n = 0

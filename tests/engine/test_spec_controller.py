@@ -13,6 +13,7 @@ from specserve.engine.scheduler import Scheduler, SchedulerConfig
 from specserve.engine.spec_controller import (
     DRAFT_WINDOW,
     FIRST_PROBE_INTERVAL,
+    INCONSISTENT_FORWARDS,
     MAX_PROBE_INTERVAL,
     MAX_SAVED_PROBES,
     MIN_GAIN,
@@ -467,12 +468,20 @@ FOUR_CLIENTS = [Candidate("d", K_MAX)] + [Candidate(f"o{i}", 0) for i in range(3
 
 def test_a_stale_plain_price_does_not_keep_drafting_on():
     """The controller compared drafting priced by fresh measurements with not drafting priced by
-    stale ones, so one draft row looked cheaper than none: it drafted on at 0.87x of the plain speed."""
-    ctrl = _teach_stale(_stale_plain_price(), draft_seconds=0.1)
-    assert ctrl.choose(FOUR_CLIENTS, num_sequences=4, base_tokens=4, token_budget=64).k["d"] == 0
-    # With a cheap draft step the same acceptance pays, and is drafted.
-    ctrl = _teach_stale(_stale_plain_price(), draft_seconds=0.005)
-    assert ctrl.choose(FOUR_CLIENTS, num_sequences=4, base_tokens=4, token_budget=64).k["d"] > 0
+    stale ones, so one draft row looked cheaper than none: it drafted on at 0.87x of the plain speed.
+    Now the plain step is measured again first (its price is above the drafting steps' own), and its
+    new time replaces the old price."""
+    for draft_seconds, drafts in ((0.1, False), (0.005, True)):
+        cost = _stale_plain_price()
+        ctrl = _teach_stale(cost, draft_seconds)
+        assert cost.plain_is_behind(4)
+        refresh = ctrl.choose(FOUR_CLIENTS, num_sequences=4, base_tokens=4, token_budget=64)
+        assert refresh.k["d"] == 0 and refresh.probed == []
+        cost.observe_target(4, 4, 0.33)
+        assert cost.target_seconds(4, 4) == pytest.approx(0.33, rel=0.01) and not cost.plain_is_behind(4)
+        # With a cheap draft step the same acceptance pays, and is drafted; with a dear one it is not.
+        k = ctrl.choose(FOUR_CLIENTS, num_sequences=4, base_tokens=4, token_budget=64).k["d"]
+        assert (k > 0) == drafts
 
 
 def _drafting_run(
@@ -505,6 +514,59 @@ def test_a_plain_price_not_measured_for_long_is_measured_again():
     ks = _drafting_run(cost, ctrl, plain_seconds=0.30, row_seconds=0.06, steps=2 * STALE_FORWARDS)
     assert max(ks[:10]) == 2 and max(ks[-STALE_FORWARDS:]) <= 1
     assert cost.target_seconds(4, 4) == pytest.approx(0.30, rel=0.02)
+
+
+def test_a_plain_price_above_the_drafting_steps_is_measured_again_whatever_the_margin():
+    """A slow spell while plain steps ran left their price above the drafting steps' that followed
+    (SmolLM2, 16 clients, EPYC VM: 117 ms against 89-102 ms); the "never below plain" floor then priced
+    draft rows at nothing, and 80 steps drafted at 0.19 accepted a draft for 0.90x of the same steps
+    undrafted. Then, INCONSISTENT_FORWARDS drafting steps after the last plain one, the plain step is
+    measured again even at a wide margin, and its time restarts the plain price."""
+    cost = StepCostModel(QWEN_4_CLIENTS)
+    for _ in range(5):
+        cost.observe_target(4, 4, 0.40)  # the slow spell
+    ctrl = _teach_stale(cost, draft_seconds=0.001)  # drafting's margin is far beyond REFRESH_MARGIN
+    ks = []
+    for _ in range(3 * INCONSISTENT_FORWARDS):
+        step = ctrl.choose(FOUR_CLIENTS, num_sequences=4, base_tokens=4, token_budget=64)
+        k = step.k["d"]
+        # The machine is fast again: a plain step 0.30 s, a draft row 0.01 s more.
+        cost.observe_target(4, 4 + k, 0.30 + 0.01 * k)
+        ks.append(k)
+    assert min(ks[:INCONSISTENT_FORWARDS]) > 0  # while the plain price is fresh, drafting goes on
+    assert ks[INCONSISTENT_FORWARDS] == 0  # then one plain step measures it again
+    assert cost.target_seconds(4, 4) == pytest.approx(0.30, rel=0.01)  # restarted, not 0.38 on its way
+    assert ks.count(0) == 1 and not cost.plain_is_behind(4)  # consistent again: drafting goes on
+    assert cost.target_seconds(4, 4 + ks[-1]) > cost.target_seconds(4, 4)  # its rows are not free
+
+
+def test_a_drafting_price_left_below_a_fresh_plain_one_restarts_on_its_next_step():
+    """The other way round: plain steps in a slow spell after drafting stopped. The drafting steps'
+    old price is the stale one, and their first step measured again replaces it outright."""
+    cost = StepCostModel(QWEN_4_CLIENTS)
+    for _ in range(5):
+        cost.observe_target(4, 4, 0.30)
+        cost.observe_target(4, 8, 0.34)
+    for _ in range(INCONSISTENT_FORWARDS):
+        cost.observe_target(4, 4, 0.40)  # slower now, only plain steps
+    assert cost.target_seconds(4, 8) == pytest.approx(0.40, rel=0.01)  # the floor: four rows free
+    assert not cost.plain_is_behind(4)  # the plain price is the fresh one
+    cost.observe_target(4, 8, 0.45)
+    assert cost.target_seconds(4, 8) == pytest.approx(0.45, rel=0.01)
+
+
+def test_consistent_prices_are_not_restarted():
+    """Plain and drafting steps that agree (a row costs something) keep their calibrations' smoothing:
+    one slow forward of either kind moves its price by a share, not to itself."""
+    cost = StepCostModel(QWEN_4_CLIENTS)
+    for _ in range(INCONSISTENT_FORWARDS + 2):
+        cost.observe_target(4, 8, 0.34)  # drafting steps only, for a while
+    for _ in range(5):
+        cost.observe_target(4, 4, 0.30)
+    before = cost.target_seconds(4, 8)
+    cost.observe_target(4, 8, 0.50)
+    assert not cost.plain_is_behind(4)
+    assert before < cost.target_seconds(4, 8) < 0.40
 
 
 def test_a_plain_price_never_measured_is_measured_before_drafting_goes_on():

@@ -87,9 +87,9 @@ STALE_FORWARDS = 40
 REFRESH_MARGIN = 1.25
 # A plain decode step priced above the last step of the same batch with draft rows, each by its own
 # calibration, says one of the two prices is another time's machine speed (rows cannot make a step
-# cheaper). The kind not measured for this many decode forwards of its batch size is then the stale
-# one: a plain price is measured again at once, whatever drafting's margin, and either kind's next
-# measurement restarts its offset (StepCostModel.plain_is_behind). At 16 SmolLM2 clients on the EPYC
+# cheaper), and the kind measured longer ago is the stale one: its next measurement restarts its
+# offset. A plain price not measured for this many decode forwards of its batch size is measured again
+# at once, whatever drafting's margin (StepCostModel.plain_is_behind). At 16 SmolLM2 clients on the EPYC
 # VM a slow spell left the plain price at 117 ms while drafting steps ran 89-102 ms; the "never below
 # plain" floor then priced 26-48 rows at nothing, and the first cells after a server start drafted 80
 # steps at 0.19-0.32 accepted a draft, delivering 0.90-0.99x of the same steps undrafted. Replayed over
@@ -519,11 +519,16 @@ class StepCostModel:
         of eight rows priced right extrapolate to one row below a plain step that costs as much."""
         bucket = _bucket(num_sequences)
         plain = self._calibration.get((bucket, False, False))
-        drafting = self._calibration.get((bucket, False, True))
-        if plain is None or drafting is None:
+        if plain is None:
             return False
         age = self._forwards.get(bucket, 0) - plain.last_forward
-        return age >= INCONSISTENT_FORWARDS and self._below_plain(bucket, *drafting.last_shape)
+        return age >= INCONSISTENT_FORWARDS and self._plain_above_drafting(bucket)
+
+    def _plain_above_drafting(self, bucket: int) -> bool:
+        """Whether the last step with draft rows of this batch bucket is priced by its own calibration
+        below the plain step of its batch size."""
+        drafting = self._calibration.get((bucket, False, True))
+        return drafting is not None and self._below_plain(bucket, *drafting.last_shape)
 
     def plain_is_measured(self, num_sequences: int) -> bool:
         """Whether the plain decode steps of this batch size were measured RESTART_FORWARDS times. Until
@@ -610,13 +615,16 @@ class StepCostModel:
             calibration.observe(x, seconds)
             return
         age = self._forwards.get(bucket, 0) - calibration.last_forward  # forwards since this kind ran
-        if key[2]:  # a step with draft rows: is its own old price below the plain one?
-            behind = self._below_plain(bucket, num_sequences, x)
-        else:
-            behind = self.plain_is_behind(num_sequences)
-        stale = calibration.weight > 0 and (
-            age >= STALE_FORWARDS or (age >= INCONSISTENT_FORWARDS and behind)
+        # Where the two kinds disagree (a step with draft rows priced below the plain step), the one
+        # measured longer ago restarts from this measurement: it is the other time's speed.
+        other = self._calibration.get((bucket, False, not key[2]))
+        older = other is not None and other.last_forward > calibration.last_forward
+        disagree = older and (
+            self._below_plain(bucket, num_sequences, x)  # this step's own old price, with draft rows
+            if key[2]
+            else self._plain_above_drafting(bucket)
         )
+        stale = calibration.weight > 0 and (age >= STALE_FORWARDS or disagree)
         forwards = self._forwards.get(bucket, 0) + 1
         self._forwards[bucket] = forwards
         calibration.observe(x, seconds, stale)

@@ -540,6 +540,24 @@ def test_a_plain_price_above_the_drafting_steps_is_measured_again_whatever_the_m
     assert cost.target_seconds(4, 4 + ks[-1]) > cost.target_seconds(4, 4)  # its rows are not free
 
 
+def test_a_plain_price_above_newer_drafting_steps_restarts_on_its_next_measurement():
+    """Three slow plain steps moved the plain price 43 -> 74 ms (SmolLM2, 16 clients, EPYC VM), drafting
+    steps then ran 58-68 ms, and plain steps that came on their own between them only moved it a share
+    of the way back (74 -> 67 -> 64 ms) while rows were priced at nothing. The plain step measured after
+    newer drafting steps that it is priced above restarts the plain price, however soon it comes."""
+    cost = StepCostModel(QWEN_4_CLIENTS)
+    for _ in range(5):
+        cost.observe_target(4, 4, 0.30)
+        cost.observe_target(4, 8, 0.34)
+    for _ in range(3):
+        cost.observe_target(4, 4, 0.50)  # a slow spell
+    for _ in range(2):
+        cost.observe_target(4, 8, 0.34)  # the machine is back
+    assert cost.target_seconds(4, 4) > 0.4 and not cost.plain_is_behind(4)  # too soon to ask
+    cost.observe_target(4, 4, 0.30)
+    assert cost.target_seconds(4, 4) == pytest.approx(0.30, rel=0.01)
+
+
 def test_a_drafting_price_left_below_a_fresh_plain_one_restarts_on_its_next_step():
     """The other way round: plain steps in a slow spell after drafting stopped. The drafting steps'
     old price is the stale one, and their first step measured again replaces it outright."""

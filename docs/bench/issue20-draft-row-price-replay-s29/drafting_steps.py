@@ -19,14 +19,18 @@ BENCH = Path(__file__).parent.parent
 RUNS = ["issue20-serve-smollm2-epyc512-c16-r16-s29", "issue20-serve-smollm2-epyc512-c16-r12-s27"]
 
 
-def report(run: Path) -> None:
+def drafting_cells(
+    run: Path, arms: tuple[str, ...] = ("adaptive",)
+) -> list[tuple[str, int, int, int, float, float]]:
+    """Per cell of these arms that drafted in decode-only steps: (label, repeat, drafting steps, drafts,
+    accepted a draft, tokens a second against the same steps undrafted)."""
     steps = [SimpleNamespace(**json.loads(line)) for line in (run / "steps.jsonl").read_text().splitlines()]
     groups = [g for g in cut_by_cells(steps, serve_cells(run / "serve.json")) if g[2]]
     coef, _ = fit_line([g for _, _, g in groups])
-    print(run.name)
+    out = []
     for label, repeat, group in groups:
         drafting = [s for s in group if s.draft_tokens > 0 and s.prefill_tokens == 0]
-        if "adaptive" not in label or not drafting:
+        if label.split()[-1] not in arms or not drafting:
             continue
         drafts = sum(s.draft_tokens for s in drafting)
         tokens = sum(s.emitted_tokens for s in drafting)
@@ -36,8 +40,15 @@ def report(run: Path) -> None:
                      for s in drafting]  # fmt: skip
         priced_plain = sum(float(np.array(step_features(s)) @ coef) for s in undrafted)
         ratio = (tokens / priced) / (plain_tokens / priced_plain)
+        out.append((label, repeat, len(drafting), drafts, (tokens - plain_tokens) / drafts, ratio))
+    return out
+
+
+def report(run: Path) -> None:
+    print(run.name)
+    for _, repeat, steps, drafts, accepted, ratio in drafting_cells(run):
         print(
-            f"  r{repeat}: {len(drafting)} steps, {drafts} drafts, {(tokens - plain_tokens) / drafts:.2f} accepted a"
+            f"  r{repeat}: {steps} steps, {drafts} drafts, {accepted:.2f} accepted a"
             f" draft, tokens a second against the same steps undrafted {ratio:.3f}"
         )
 

@@ -252,7 +252,7 @@ def work_price_lines(price: dict[str, Any] | None) -> list[str]:
         "Each cell's work priced alike: one line fitted over every cell's forwards with a speed per cell (ms: "
         + ", ".join(f"{name} {fmt(value, 2)}" for name, value in coef.items())
         + "), plus what the cell measured outside its forwards. measured = tokens over step time against"
-        " the reference cell of the same repeat; work = the same over priced time (what the mode had the"
+        " the reference cell of the same repeat and level; work = the same over priced time (what the mode had the"
         " engine do); speed = how fast its forwards ran against the line, relative to the reference's"
         " (measured is about work x speed).",
         "",

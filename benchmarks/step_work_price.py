@@ -85,9 +85,29 @@ def _mode(label: str) -> str:
     return label.split()[-1]
 
 
+def _level(label: str) -> str:
+    """A cell label's level: "c16 adaptive" -> "c16" (a label of one word has none)."""
+    return label.rsplit(" ", 1)[0] if " " in label else ""
+
+
+def _references(modes: list[str]) -> dict[str, str]:
+    """level -> the mode its cells are paired against: its `off`, or the first of its modes seen. A
+    run of several concurrencies pairs each one's cells within it (against the first level's off
+    cells, the 4-client adaptive cells of a 1-32 client run came out 2.4x)."""
+    references: dict[str, str] = {}
+    for mode in modes:
+        level = _level(mode)
+        if level not in references or (
+            _mode(mode) == REFERENCE_MODE and _mode(references[level]) != REFERENCE_MODE
+        ):
+            references[level] = mode
+    return references
+
+
 def price_cells(groups: list[tuple[str, int, list[Any]]]) -> dict[str, Any] | None:
-    """Per cell its priced time and speed, per repeat each mode against `off` (or the first mode seen),
-    and the medians / geometric means of the ratios; None when no cell's steps record their shapes."""
+    """Per cell its priced time and speed, per repeat each mode against `off` of its level (or the first
+    mode seen there), and the medians / geometric means of the ratios; None when no cell's steps record
+    their shapes."""
     kept = [
         (label, repeat, steps) for label, repeat, steps in groups if steps and all(map(has_shapes, steps))
     ]
@@ -114,10 +134,11 @@ def price_cells(groups: list[tuple[str, int, list[Any]]]) -> dict[str, Any] | No
             }
         )
     modes = list(dict.fromkeys(c["mode"] for c in cells))
-    reference = next((m for m in modes if _mode(m) == REFERENCE_MODE), modes[0])
+    references = _references(modes)
     pairs = []
     by_repeat = {(c["mode"], c["repeat"]): c for c in cells}
     for c in cells:
+        reference = references[_level(c["mode"])]
         ref = by_repeat.get((reference, c["repeat"]))
         if c["mode"] == reference or ref is None:
             continue
@@ -136,7 +157,7 @@ def price_cells(groups: list[tuple[str, int, list[Any]]]) -> dict[str, Any] | No
         mine = [p for p in pairs if p["mode"] == mode]
         if not mine:
             continue
-        row: dict[str, Any] = {"mode": mode, "reference": reference, "pairs": len(mine)}
+        row: dict[str, Any] = {"mode": mode, "reference": references[_level(mode)], "pairs": len(mine)}
         for key in ("measured", "work", "speed"):
             row[f"{key}_median"] = median(p[key] for p in mine)
             row[f"{key}_geometric"] = geomean(p[key] for p in mine)

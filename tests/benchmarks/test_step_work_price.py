@@ -145,6 +145,28 @@ def test_pairs_are_by_repeat_against_off_wherever_it_is_listed():
     assert summary["work_median"] == pytest.approx(1.0)
 
 
+def test_each_concurrency_is_paired_within_itself():
+    """A run of several concurrencies: each level's cells against that level's off cells, not the first
+    level's (where a 4-client cell against a 1-client one came out 2.4x)."""
+    groups = [
+        ("c1 off", 0, _spread()),
+        ("c1 adaptive", 0, _spread(slow=1.2)),
+        ("c8 off", 0, _lockstep()),
+        ("c8 adaptive", 0, _lockstep(slow=0.8)),
+        ("c8 static", 0, _lockstep()),
+    ]
+    price = price_cells(groups)
+    pairs = {(p["mode"], p["reference"]): p["speed"] for p in price["pairs"]}
+    assert pairs == pytest.approx(
+        {("c1 adaptive", "c1 off"): 1 / 1.2, ("c8 adaptive", "c8 off"): 1 / 0.8, ("c8 static", "c8 off"): 1.0}
+    )
+    assert [(s["mode"], s["reference"]) for s in price["summary"]] == [
+        ("c1 adaptive", "c1 off"),
+        ("c8 adaptive", "c8 off"),
+        ("c8 static", "c8 off"),
+    ]
+
+
 def test_a_log_without_step_shapes_is_not_priced():
     step = _step(8)
     del step.num_tokens

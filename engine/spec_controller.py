@@ -499,7 +499,11 @@ class StepCostModel:
             # Any forward of this batch size measured (a prefill's too): it runs here, and from its
             # first decode step on, drafting waits for a plain price of its own.
             return any(b == bucket for b, _, _ in self._calibration)
-        return self._forwards.get(bucket, 0) - plain.last_forward >= STALE_FORWARDS
+        return self._age(bucket, plain) >= STALE_FORWARDS
+
+    def _age(self, bucket: int, calibration: _Calibration) -> int:
+        """Decode forwards of this batch bucket since this kind of step was last measured."""
+        return self._forwards.get(bucket, 0) - calibration.last_forward
 
     def _below_plain(self, bucket: int, num_sequences: int, profiled: float) -> bool:
         """Whether a step with draft rows (its regressor `profiled`) is priced by its own calibration
@@ -521,8 +525,7 @@ class StepCostModel:
         plain = self._calibration.get((bucket, False, False))
         if plain is None:
             return False
-        age = self._forwards.get(bucket, 0) - plain.last_forward
-        return age >= INCONSISTENT_FORWARDS and self._plain_above_drafting(bucket)
+        return self._age(bucket, plain) >= INCONSISTENT_FORWARDS and self._plain_above_drafting(bucket)
 
     def _plain_above_drafting(self, bucket: int) -> bool:
         """Whether the last step with draft rows of this batch bucket is priced by its own calibration
@@ -614,7 +617,7 @@ class StepCostModel:
         if prefill:
             calibration.observe(x, seconds)
             return
-        age = self._forwards.get(bucket, 0) - calibration.last_forward  # forwards since this kind ran
+        age = self._age(bucket, calibration)
         # Where the two kinds disagree (a step with draft rows priced below the plain step), the one
         # measured longer ago restarts from this measurement: it is the other time's speed.
         other = self._calibration.get((bucket, False, not key[2]))

@@ -86,8 +86,16 @@ class KVCacheManager:
             return True
         if need > self.pool.num_free_blocks:
             return False
-        request.block_ids.extend(self.pool.allocate(need))
+        last = request.block_ids[-1] if request.block_ids else None
+        growth = self._expected_blocks(request) - len(request.block_ids) - need
+        request.block_ids.extend(self.pool.allocate(need, after=last, growth=max(0, growth)))
         return True
+
+    def _expected_blocks(self, request: Request) -> int:
+        """Blocks the request will hold at its end if it runs to max_tokens (room to grow in place)."""
+        if request.params.max_tokens is None:  # unbounded: as much room as the pool gives a run
+            return 1 << 30
+        return self.blocks_needed(len(request.prompt_token_ids) + request.params.max_tokens)
 
     def cache_computed_blocks(self, request: Request) -> None:
         """Publish the request's full, computed blocks for reuse by later requests with the same prefix."""

@@ -14,7 +14,6 @@ from pydantic import ValidationError, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from specserve.engine.config import EngineConfig, ModelSpec
-from specserve.engine.heap_retention import retain_freed_heap
 from specserve.engine.model_source import unknown_model_path
 
 from .cpu_threads import default_num_threads
@@ -126,9 +125,6 @@ def engine_config_from(settings: BaseSettings) -> EngineConfig:
             why = unknown_model_path(spec.model_path)
             if why:
                 raise CliError(why)
-    # Before any model memory is allocated: a served engine's forwards otherwise fall, now and then,
-    # into giving activation memory back to the kernel and faulting it in again (engine/heap_retention.py).
-    retain_freed_heap()
     # torch only now: a usage error found above is reported without paying seconds for its import.
     import torch
 

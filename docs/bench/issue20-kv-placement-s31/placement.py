@@ -6,7 +6,7 @@ of engine/block_pool.py at 9a605af: last freed, first reused) and the run placem
 and pool: the median plain 8-sequence decode forward and how many consecutive block pairs of those
 forwards' block tables are adjacent ids.
 
-    python docs/bench/issue20-kv-placement-s31/placement.py [rounds]
+    python docs/bench/issue20-kv-placement-s31/placement.py [rounds] [--prefix-caching]
 """
 
 import importlib.util
@@ -45,8 +45,9 @@ def counting_batch(seqs, block_size, device, pad_slot):
 
 
 runner.ragged_batch = counting_batch
-rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 6
-llm = LLM(None, max_batch_size=8)
+rounds = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 6
+caching = "--prefix-caching" in sys.argv  # each prompt comes three times a round: hits after the first
+llm = LLM(None, max_batch_size=8, enable_prefix_caching=caching)
 kv = llm.engine.scheduler.kv
 pools = {
     "queue": QueuePool(kv.pool.num_blocks, kv.pool.enable_caching),

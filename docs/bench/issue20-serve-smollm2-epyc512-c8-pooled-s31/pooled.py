@@ -6,6 +6,7 @@ with the run placement of KV blocks (06d2b5d) pooled.
     c8cpu/   run placement, each forward's CPU time probed
     c8flt/   run placement, page faults probed
     c8ret/   run placement and glibc's heap thresholds fixed after torch's import (71b320e, reverted)
+    final/   the session's last tree (run placement only), page faults probed
     ../issue20-serve-smollm2-epyc512-c8-r12-s31/  run placement, thresholds fixed before it (71b320e)
 
     python docs/bench/issue20-serve-smollm2-epyc512-c8-pooled-s31/pooled.py
@@ -24,6 +25,7 @@ RUNS = {
     "c8flt": HERE / "c8flt",
     "c8ret": HERE / "c8ret",
     "c8-r12": HERE.parent / "issue20-serve-smollm2-epyc512-c8-r12-s31",
+    "final": HERE / "final",
 }
 
 

@@ -7,8 +7,9 @@ the request whose run it follows. Why: on CPU the attention gathers every sequen
 cache slot by slot; with the blocks scattered over the pool, the same plain 8-sequence SmolLM2 decode
 forwards took 1.05-1.07x as long as with each request's blocks consecutive (docs/bench/issue20-kv-
 layout-s30), and a server's free queue, reused last-freed-first, ended up fully scattered within a few
-hundred requests (docs/bench/issue20-kv-placement-s31). Lowest ids first also keeps the pool's working
-set small: on CPU its pages are only committed once written.
+hundred requests (docs/bench/issue20-serve-smollm2-epyc512-c8-pooled-s31/probe8/layout.txt; the old
+queue against this placement in-process: docs/bench/issue20-kv-placement-s31). Lowest ids first also
+keeps the pool's working set small: on CPU its pages are only committed once written.
 
 A freed block keeps its hash and waits, least recently freed first, for a later request whose prefix
 hashes to it (a prefix-cache hit takes it back instead of recomputing it); cached blocks are evicted in
@@ -44,7 +45,7 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.enable_caching = enable_caching
         # One byte per block, _FREE where the block is free and holds no cached content: runs of free
-        # blocks are found by bytearray.find, a C-speed scan (~10 us over 8k blocks).
+        # blocks are found by bytearray.find, a C-speed scan (~1.5 us to miss a run of 34 over 8k).
         self._open = bytearray([_FREE]) * num_blocks
         self._num_open = num_blocks
         # Free blocks holding cached content, least recently freed first (eviction order).

@@ -14,6 +14,7 @@ from pydantic import ValidationError, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from specserve.engine.config import EngineConfig, ModelSpec
+from specserve.engine.heap_retention import retain_heaps
 from specserve.engine.model_source import unknown_model_path
 
 from .cpu_threads import default_num_threads
@@ -125,6 +126,9 @@ def engine_config_from(settings: BaseSettings) -> EngineConfig:
             why = unknown_model_path(spec.model_path)
             if why:
                 raise CliError(why)
+    # Before any model memory is allocated: otherwise the engine thread's forwards can fall, for minutes,
+    # into mapping and dropping a malloc heap for their activations (engine/heap_retention.py).
+    retain_heaps()
     # torch only now: a usage error found above is reported without paying seconds for its import.
     import torch
 

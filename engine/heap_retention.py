@@ -10,7 +10,8 @@ trimmed and unmapped: served SmolLM2 8-client runs unmapped ~1000-2400 heaps eac
 those server processes, plain 8-sequence forwards also fell into spells of ~150 engine-thread page
 faults and 4-6 ms of system time each (31-36 ms instead of 26-29), lasting minutes and beginning and
 ending mid-run; an strace inside one showed these heap cycles under torch's allocations. With the
-settings below: 5-12 heaps unmapped a run and no spell (docs/bench/issue20-malloc-heaps-s32).
+settings below, 5-16 heaps were unmapped a run (five processes counted) and none of eight processes
+had a spell (docs/bench/issue20-malloc-heaps-s32).
 
 `heap_trim` keeps an empty heap while the previous heap's reclaimable tail is below the top pad, so a
 top pad as large as the largest block served from a heap (the mmap threshold: larger blocks get their

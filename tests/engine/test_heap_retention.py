@@ -66,6 +66,8 @@ worker.join()
 print(json.dumps(rounds))
 """
 
+_RETAINED = "from specserve.engine.heap_retention import retain_heaps\nassert retain_heaps()"
+
 _VIA_THE_SERVE_COMMAND = """
 from specserve.api.cli import ServeSettings, build_parser
 from specserve.api.settings import engine_config_from, parse_settings
@@ -89,8 +91,7 @@ def test_without_it_a_full_heap_sends_large_blocks_to_the_main_arena():
 
 
 def test_retained_heaps_serve_the_block_from_the_thread_arena_without_faults():
-    setup = "from specserve.engine.heap_retention import retain_heaps\nassert retain_heaps()"
-    rounds = _rounds(setup)
+    rounds = _rounds(_RETAINED)
     assert not any(r["main_arena"] for r in rounds)
     assert rounds[0]["faults"] >= 200  # the new heap's pages, written once
     assert all(r["faults"] < 20 for r in rounds[1:])  # and kept

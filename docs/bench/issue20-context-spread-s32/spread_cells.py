@@ -9,13 +9,12 @@ import json
 import statistics as st
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
-from specserve.benchmarks.step_log_report import cut_by_cells, serve_cells
+from specserve.benchmarks.step_log_report import cut_by_cells, read_steps, serve_cells
 
 
 def main(run: Path) -> None:
-    steps = [SimpleNamespace(**json.loads(line)) for line in (run / "steps.jsonl").read_text().splitlines()]
+    steps = read_steps(run / "steps.jsonl")
     batches = [json.loads(line) for line in (run / "spread.jsonl").read_text().splitlines()]
     times = [b["time"] for b in batches]
     print("cell | plain@8 | median ms | longest context | mean context | padded / total")

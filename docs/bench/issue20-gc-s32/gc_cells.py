@@ -10,13 +10,12 @@ import json
 import statistics as st
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
-from specserve.benchmarks.step_log_report import cut_by_cells, serve_cells
+from specserve.benchmarks.step_log_report import read_steps, serve_cells
 
 
 def main(run: Path) -> None:
-    steps = [SimpleNamespace(**json.loads(line)) for line in (run / "steps.jsonl").read_text().splitlines()]
+    steps = read_steps(run / "steps.jsonl")
     probes = [json.loads(line) for line in (run / "probe.jsonl").read_text().splitlines()]
     collections = [json.loads(line) for line in (run / "gc.jsonl").read_text().splitlines()]
     ends = [c["time"] for c in collections]
@@ -24,16 +23,16 @@ def main(run: Path) -> None:
     for step in steps:  # the last forward recorded before the step was logged
         step.probe = probes[bisect.bisect_left(times, step.time) - 1]
     print("cell | plain@8 | median ms | with a collection | their gc ms | gc: gen0 / gen1 / gen2 (count, ms)")
-    for label, repeat, group in cut_by_cells(steps, serve_cells(run / "serve.json")):
+    for label, repeat, started, ended in serve_cells(run / "serve.json"):
         arm = label.split()[-1]
+        group = [s for s in steps if started <= s.time <= ended]
         plain = [s for s in group if s.prefill_tokens == 0 and s.draft_tokens == 0 and s.num_sequences == 8]
         inside = []
         for s in plain:
             end = s.probe["time"]
             lo, hi = bisect.bisect_left(ends, end - s.probe["forward"]), bisect.bisect_right(ends, end)
             inside.append(sum(c["seconds"] for c in collections[lo:hi]))
-        first, last = group[0].time - group[0].step_seconds, group[-1].time
-        cell = collections[bisect.bisect_left(ends, first) : bisect.bisect_right(ends, last)]
+        cell = collections[bisect.bisect_left(ends, started) : bisect.bisect_right(ends, ended)]
         by_gen = []
         for generation in (0, 1, 2):
             of = [c["seconds"] for c in cell if c["generation"] == generation]

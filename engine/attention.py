@@ -34,10 +34,16 @@ class AttentionMetadata:
     # True when every sequence has the same query length: the flat batch is already [S, Q] and the
     # query/output gathers can be skipped (the common all-decode and single-sequence steps).
     uniform_queries: bool = False
-    # Set when the sequences are attended in groups of similar query length: (flat token indices
-    # [T_g], that group's metadata) per group. The padded fields above are then empty: every backend
-    # (`grouped`) runs each group on its own.
-    groups: tuple[tuple[torch.Tensor, AttentionMetadata], ...] = ()
+    # Set when the sequences are attended in groups of similar query length: (first, end, that group's
+    # metadata) per group, where [first, end) are the group's places in the batch's tokens laid out
+    # group after group. The padded fields above are then empty: every backend (`grouped`) runs each
+    # group on its own.
+    groups: tuple[tuple[int, int, AttentionMetadata], ...] = ()
+    # With groups: the flat token index at each place of that layout ([T] int64), and the place of each
+    # flat token (its inverse); None when the batch's own order already is group after group (a step's
+    # decodes, then the prompts it admitted): the groups are then slices of the batch, no gather.
+    group_order: torch.Tensor | None = None
+    group_places: torch.Tensor | None = None
 
     @classmethod
     def build(
@@ -113,8 +119,10 @@ class AttentionMetadata:
         for q_len in query_lens:
             firsts.append(firsts[-1] + q_len)  # flat index of each sequence's first token
         parts = []
+        order: list[int] = []  # flat token indices, group after group
         for members in groups:
-            tokens = [t for i in members for t in range(firsts[i], firsts[i + 1])]
+            first = len(order)
+            order.extend(t for i in members for t in range(firsts[i], firsts[i + 1]))
             meta = cls.build(
                 [query_lens[i] for i in members],
                 [context_lens[i] for i in members],
@@ -124,10 +132,23 @@ class AttentionMetadata:
                 pad_slot,
                 [context_starts[i] for i in members] if context_starts is not None else None,
             )
-            parts.append((torch.tensor(tokens, dtype=torch.int64, device=device), meta))
+            parts.append((first, len(order), meta))
+        group_order = group_places = None
+        if order != list(range(len(order))):
+            group_order = torch.tensor(order, dtype=torch.int64)
+            group_places = torch.empty_like(group_order)
+            group_places[group_order] = torch.arange(len(order))
+            group_order, group_places = group_order.to(device), group_places.to(device)
         empty = torch.empty(0, dtype=torch.int64, device=device)
         return cls(
-            empty, empty, empty, torch.empty(0, dtype=torch.bool, device=device), empty, groups=tuple(parts)
+            empty,
+            empty,
+            empty,
+            torch.empty(0, dtype=torch.bool, device=device),
+            empty,
+            groups=tuple(parts),
+            group_order=group_order,
+            group_places=group_places,
         )
 
 
@@ -174,11 +195,19 @@ def grouped(backend: AttentionBackend) -> AttentionBackend:
     ) -> torch.Tensor:  # [T, H * D]
         if not meta.groups:
             return backend(q, k, v, k_cache, v_cache, meta, scale)
-        out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
-        for tokens, sub in meta.groups:
-            pick = functools.partial(torch.index_select, dim=0, index=tokens)
-            out.index_copy_(0, tokens, backend(pick(q), pick(k), pick(v), k_cache, v_cache, sub, scale))
-        return out
+        # Laid out group after group, each group's rows are a slice: one gather of q, k and v and one
+        # of the output for the whole step (none when the batch is in that order already), rather
+        # than three and a scatter per group. In one process, alternated with the per-group copies
+        # (SmolLM2 bf16, EPYC VM, 30 and 60 rounds): a step of 7 decodes and the prompt admitted
+        # after them 1.1-2.7 ms faster (of 110-133 ms), gathered orders (the prompt first; decodes
+        # with two windows) 0.2-0.5 ms, steps without groups level within 0.4 ms; outputs equal.
+        order = meta.group_order
+        if order is not None:
+            q, k, v = q.index_select(0, order), k.index_select(0, order), v.index_select(0, order)
+        out = torch.cat(
+            [backend(q[a:b], k[a:b], v[a:b], k_cache, v_cache, sub, scale) for a, b, sub in meta.groups]
+        )  # [T, H * D], group after group
+        return out if meta.group_places is None else out.index_select(0, meta.group_places)
 
     return run
 

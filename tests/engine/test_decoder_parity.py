@@ -143,17 +143,33 @@ def test_sequences_are_attended_in_groups_of_similar_query_length():
     assert query_groups([1, 9, 1, 2, 500, 3, 1]) == [[0, 2, 6], [3, 5], [1], [4]]
     assert query_groups([5, 9, 6]) == [[0, 1, 2]]  # within a factor of 2 of the shortest
     grouped = AttentionMetadata.build([1, 9, 1], [10, 20, 5], [[0, 1, 2], [3, 4, 5, 6, 7], [8, 9]], BLOCK)
-    assert [t.tolist() for t, _ in grouped.groups] == [[0, 10], list(range(1, 10))]
+    # Tokens laid out group after group: the decodes' (flat 0 and 10), then the window's (1-9).
+    assert [(a, b) for a, b, _ in grouped.groups] == [(0, 2), (2, 11)]
+    assert grouped.group_order.tolist() == [0, 10, *range(1, 10)]
+    assert grouped.group_places[grouped.group_order].tolist() == list(range(11))
+    # Decodes first, then an admitted prompt: the groups are slices of the batch as it is.
+    in_order = AttentionMetadata.build([1, 1, 9], [10, 5, 9], [[0, 1, 2], [3, 4], [5, 6, 7]], BLOCK)
+    assert [(a, b) for a, b, _ in in_order.groups] == [(0, 2), (2, 11)]
+    assert in_order.group_order is None and in_order.group_places is None
     assert not AttentionMetadata.build([1, 1], [10, 5], [[0, 1, 2], [3, 4]], BLOCK).groups
 
 
-def test_grouped_attention_equals_one_padded_batch(monkeypatch):
+@pytest.mark.parametrize(
+    "q_lens, c_lens, num_groups",
+    [
+        ([1, 7, 1, 3, 30], [12, 40, 33, 9, 30], 4),  # groups interleaved in the batch: gathered
+        ([1, 1, 3, 7, 30], [12, 33, 9, 40, 30], 4),  # group after group already: sliced
+    ],
+)
+@pytest.mark.parametrize(
+    "backend", ["paged_attention", "cpu_paged_attention", "batch_invariant_paged_attention"]
+)
+def test_grouped_attention_equals_one_padded_batch(monkeypatch, q_lens, c_lens, num_groups, backend):
     """A prefill chunk, windows and decodes in one step: the same rows grouped or padded together
     (float32, so only the summation order differs)."""
     from specserve.engine import attention
 
     g = torch.Generator().manual_seed(2)
-    q_lens, c_lens = [1, 7, 1, 3, 30], [12, 40, 33, 9, 30]
     tables = [list(range(16 * i, 16 * i + 16)) for i in range(len(q_lens))]
     heads, kv_heads, dim, tokens = 4, 2, 8, sum(q_lens)
     q = torch.randn(tokens, heads, dim, generator=g)
@@ -162,10 +178,12 @@ def test_grouped_attention_equals_one_padded_batch(monkeypatch):
     k_cache = torch.randn(16 * 16 * len(q_lens) + 1, kv_heads, dim, generator=g)
     v_cache = torch.randn_like(k_cache)
     grouped_meta = AttentionMetadata.build(q_lens, c_lens, tables, BLOCK, pad_slot=k_cache.shape[0] - 1)
-    assert len(grouped_meta.groups) == 4
-    out = attention.paged_attention(q, k, v, k_cache.clone(), v_cache.clone(), grouped_meta, dim**-0.5)
+    assert len(grouped_meta.groups) == num_groups
+    assert (grouped_meta.group_order is None) == (q_lens == sorted(q_lens))
+    attend = getattr(attention, backend)
+    out = attend(q, k, v, k_cache.clone(), v_cache.clone(), grouped_meta, dim**-0.5)
     monkeypatch.setattr(attention, "query_groups", lambda lens: [list(range(len(lens)))])
     padded_meta = AttentionMetadata.build(q_lens, c_lens, tables, BLOCK, pad_slot=k_cache.shape[0] - 1)
     assert not padded_meta.groups
-    ref = attention.paged_attention(q, k, v, k_cache.clone(), v_cache.clone(), padded_meta, dim**-0.5)
+    ref = attend(q, k, v, k_cache.clone(), v_cache.clone(), padded_meta, dim**-0.5)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeAlias
 
 import torch
@@ -44,6 +44,20 @@ class AttentionMetadata:
     # decodes, then the prompts it admitted): the groups are then slices of the batch, no gather.
     group_order: torch.Tensor | None = None
     group_places: torch.Tensor | None = None
+    # head_major_rows' indices per KV head count, built on first use: every layer of the step shares them.
+    _head_rows: dict[int, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+
+    def head_major_rows(self, kv_heads: int) -> torch.Tensor:  # [S, KVH, C] int64
+        """The row of each (sequence, KV head, context position) in a cache viewed as [num_slots * KVH,
+        D]: one index_select with them gathers K or V straight into the [S, KVH, C, D] layout the
+        attention matmuls take, where a gather by slot gives [S, C, KVH, D] and a permuted copy must
+        follow (8 SmolLM2 decodes at 490 keys, bf16, EPYC VM: 178 instead of 225 us a layer)."""
+        rows = self._head_rows.get(kv_heads)
+        if rows is None:
+            heads = torch.arange(kv_heads, device=self.context_slots.device).view(1, kv_heads, 1)
+            rows = self.context_slots.unsqueeze(1) * kv_heads + heads
+            self._head_rows[kv_heads] = rows
+        return rows
 
     @classmethod
     def build(
@@ -392,14 +406,16 @@ def _matmul_attention(
     out = queries.new_empty(num_seqs, kv_heads, group * max_q, dim)
     per_seq = max(heads * max_q * max_c, 2 * kv_heads * max_c * dim)  # scores, or gathered K and V
     s_tile = max(1, min(SCORE_TILE_ELEMENTS, GATHER_TILE_ELEMENTS) // per_seq)
+    # Contiguous [n, KVH, C, D] operands: a matmul over a permuted gather takes a strided path that
+    # cost 2-3x a copy and the contiguous matmul together, so K and V are gathered in that layout.
+    head_rows = meta.head_major_rows(kv_heads)  # [S, KVH, C]
+    k_rows, v_rows = k_cache.view(-1, dim), v_cache.view(-1, dim)  # [num_slots * KVH, D]
     for s0 in range(0, num_seqs, s_tile):
         s1 = min(s0 + s_tile, num_seqs)
         n = s1 - s0
-        slots = meta.context_slots[s0:s1]  # [n, C]
-        # Contiguous [n, KVH, C, D]: a matmul over the permuted gather takes a strided path that cost
-        # 2-3x the copy and the contiguous matmul together.
-        keys = _gather_context(k_cache, slots).permute(0, 2, 1, 3).to(q.dtype).contiguous()
-        values = _gather_context(v_cache, slots).permute(0, 2, 1, 3).to(q.dtype).contiguous()
+        index = head_rows[s0:s1].reshape(-1)
+        keys = k_rows.index_select(0, index).view(n, kv_heads, max_c, dim).to(q.dtype)
+        values = v_rows.index_select(0, index).view(n, kv_heads, max_c, dim).to(q.dtype)
         scores = torch.matmul(rows[s0:s1], keys.transpose(-1, -2)).float().mul_(scale)  # [n, KVH, G*Q, C]
         scores = scores.view(n, kv_heads, group, max_q, max_c)
         scores.masked_fill_(~meta.attn_mask[s0:s1].view(n, 1, 1, max_q, max_c), float("-inf"))

@@ -187,3 +187,16 @@ def test_grouped_attention_equals_one_padded_batch(monkeypatch, q_lens, c_lens, 
     assert not padded_meta.groups
     ref = attend(q, k, v, k_cache.clone(), v_cache.clone(), padded_meta, dim**-0.5)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_head_major_rows_gather_what_a_gather_by_slot_and_a_permute_do():
+    """The decode path gathers K/V with one index_select over the cache viewed as [slots * KVH, D]."""
+    from specserve.engine.attention import _gather_context
+
+    cache = torch.randn(40, 3, 8)  # [num_slots, KVH, D]
+    meta = AttentionMetadata.build([1, 1], [5, 20], [[1], [0, 2]], 16, pad_slot=39)
+    rows = meta.head_major_rows(3)  # [S, KVH, C]
+    assert rows.shape == (2, 3, 20) and meta.head_major_rows(3) is rows  # built once a step
+    by_rows = cache.view(-1, 8).index_select(0, rows.reshape(-1)).view(2, 3, 20, 8)
+    by_slot = _gather_context(cache, meta.context_slots).permute(0, 2, 1, 3)
+    assert torch.equal(by_rows, by_slot)

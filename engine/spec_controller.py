@@ -60,7 +60,13 @@ MIN_GAIN = 1.02
 # drafts against those without, each an exponentially weighted mean (memory ~30 steps). Where the
 # drafting steps delivered less, the cost model is wrong there (at 32 SmolLM2 requests drafts of
 # acceptance 0.3 cost more than the calibrated price said), and the gain drafting must promise is
-# raised by that ratio until what it delivers catches up.
+# raised by that ratio until what it delivers catches up. The drafting steps are also held to what the
+# controller promised for them (its predicted tokens over its predicted seconds, the same steps): where
+# they delivered less, the bar is raised by that ratio too. Drafting steps are rare where drafting is
+# marginal, so the acceptance and cost calibrations there lag: served SmolLM2 at 8 clients (EPYC VM),
+# 8-sequence drafting steps were promised 1.053x the plain steps' tokens a second and delivered 0.976x
+# (tokens 0.96 of the promise, seconds 1.036), at 16 clients 1.084x against 0.986x; at 1 and 4 clients
+# they delivered 1.008 and 1.005 of the promise, the Qwen pair at 1-2 clients 1.04 and 1.00.
 REALIZED_DECAY = 0.97
 REALIZED_MIN_STEPS = 8.0
 # Once the raised bar stops drafting, no drafting step updates the comparison; each plain step ages the
@@ -388,24 +394,50 @@ class _Realized:
     seconds: float = 0.0
     steps: float = 0.0
     trusted_once: bool = False  # held enough steps to be trusted at some point
+    # What the controller predicted for the steps that came with a prediction, and what they delivered.
+    promised_tokens: float = 0.0
+    promised_seconds: float = 0.0
+    kept_tokens: float = 0.0
+    kept_seconds: float = 0.0
+    promised_steps: float = 0.0
 
-    def observe(self, tokens: int, seconds: float) -> None:
+    def observe(self, tokens: int, seconds: float, promised: tuple[float, float] | None = None) -> None:
         self.age(REALIZED_DECAY)
         self.tokens += tokens
         self.seconds += seconds
         self.steps += 1.0
         self.trusted_once = self.trusted_once or self.steps >= REALIZED_MIN_STEPS
+        if promised is not None and promised[1] > 0:
+            self.promised_tokens += promised[0]
+            self.promised_seconds += promised[1]
+            self.kept_tokens += tokens
+            self.kept_seconds += seconds
+            self.promised_steps += 1.0
 
     def age(self, factor: float = REALIZED_AGEING) -> None:
         self.tokens *= factor
         self.seconds *= factor
         self.steps *= factor
+        self.promised_tokens *= factor
+        self.promised_seconds *= factor
+        self.kept_tokens *= factor
+        self.kept_seconds *= factor
+        self.promised_steps *= factor
 
     @property
     def rate(self) -> float | None:
         if self.steps < REALIZED_MIN_STEPS or self.seconds <= 0:
             return None
         return self.tokens / self.seconds
+
+    @property
+    def shortfall_of_promise(self) -> float | None:
+        """Promised tokens a second over delivered ones (>= 0), once enough steps came with a promise."""
+        if self.promised_steps < REALIZED_MIN_STEPS or self.promised_seconds <= 0 or self.kept_seconds <= 0:
+            return None
+        delivered = self.kept_tokens / self.kept_seconds
+        promised = self.promised_tokens / self.promised_seconds
+        return promised / delivered if delivered > 0 else None
 
 
 class StepCostModel:
@@ -669,18 +701,28 @@ class StepCostModel:
         old = self._probe_draft
         self._probe_draft = per_probe if old is None else old + DRAFT_ALPHA * (per_probe - old)
 
-    def observe_realized(self, num_sequences: int, drafted: bool, tokens: int, seconds: float) -> None:
+    def observe_realized(
+        self,
+        num_sequences: int,
+        drafted: bool,
+        tokens: int,
+        seconds: float,
+        promised: tuple[float, float] | None = None,
+    ) -> None:
+        """A decode-only step's tokens in `seconds`, with drafts or without; `promised`: the (tokens,
+        seconds) the controller predicted for it."""
         if seconds <= 0:
             return
         plain, drafting = self._realized.setdefault(_bucket(num_sequences), (_Realized(), _Realized()))
         if drafted:
-            drafting.observe(tokens, seconds)
+            drafting.observe(tokens, seconds, promised)
         else:
             plain.observe(tokens, seconds)
             drafting.age()
 
     def shortfall(self, num_sequences: int) -> float:
-        """How far (>= 1) the drafting steps at this batch size delivered less than the plain ones.
+        """How far (>= 1) the drafting steps at this batch size delivered less than the plain ones, or
+        than the controller promised for them, whichever is further.
         A batch bucket whose drafting was never measured enough borrows the nearest bucket's record
         (the smaller one on a tie): on the EPYC VM the first minute at 16 and 32 SmolLM2 clients
         drafted at 0.80x / 0.84x of the plain speed, before the guard had seen eight drafting steps
@@ -706,7 +748,8 @@ class StepCostModel:
         plain_rate, drafted_rate = kinds[0].rate, kinds[1].rate
         if plain_rate is None or drafted_rate is None:
             return None
-        return max(1.0, plain_rate / drafted_rate)
+        promise = kinds[1].shortfall_of_promise
+        return max(1.0, plain_rate / drafted_rate, promise if promise is not None else 1.0)
 
     def drafting_timed(self, num_sequences: int) -> bool:
         """Whether decode steps with drafts were timed REALIZED_MIN_STEPS times at this batch size (the
@@ -1130,10 +1173,18 @@ class SpeculationController:
         return MIN_GAIN * self.cost.shortfall(num_sequences)
 
     # --- feedback ---------------------------------------------------------------------------------
-    def observe_step(self, num_sequences: int, drafted: bool, tokens: int, seconds: float) -> None:
+    def observe_step(
+        self,
+        num_sequences: int,
+        drafted: bool,
+        tokens: int,
+        seconds: float,
+        promised: tuple[float, float] | None = None,
+    ) -> None:
         """A decode-only step the controller decided (prefill chunks would blur the comparison; probe
-        steps are neither kind): the tokens its requests emitted in `seconds`, with drafts or without."""
-        self.cost.observe_realized(num_sequences, drafted, tokens, seconds)
+        steps are neither kind): the tokens its requests emitted in `seconds`, with drafts or without,
+        and the (tokens, seconds) the controller predicted for it."""
+        self.cost.observe_realized(num_sequences, drafted, tokens, seconds, promised)
 
     def observe_verification(
         self, request_id: str, num_drafts: int, num_accepted: int, emitted: Sequence[int] = ()

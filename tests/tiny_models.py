@@ -172,7 +172,14 @@ def sloped_step_cost(slope: float = 0.1):
         def observe_probe(self, num_probes: int, seconds: float, setup_tokens: int = 0) -> None:
             pass
 
-        def observe_realized(self, num_sequences: int, drafted: bool, tokens: int, seconds: float) -> None:
+        def observe_realized(
+            self,
+            num_sequences: int,
+            drafted: bool,
+            tokens: int,
+            seconds: float,
+            promised: tuple[float, float] | None = None,
+        ) -> None:
             pass
 
         def observe_overhead(self, seconds: float) -> None:

@@ -51,7 +51,8 @@ class AttentionMetadata:
         """The row of each (sequence, KV head, context position) in a cache viewed as [num_slots * KVH,
         D]: one index_select with them gathers K or V straight into the [S, KVH, C, D] layout the
         attention matmuls take, where a gather by slot gives [S, C, KVH, D] and a permuted copy must
-        follow (8 SmolLM2 decodes at 490 keys, bf16, EPYC VM: 178 instead of 225 us a layer)."""
+        follow (8 SmolLM2 decodes at 490 keys, bf16, EPYC VM: 178 instead of 225 us a layer alone; a
+        whole decode step 0.975-1.00x, docs/bench/issue20-tail-s33/attention_ab.py)."""
         rows = self._head_rows.get(kv_heads)
         if rows is None:
             heads = torch.arange(kv_heads, device=self.context_slots.device).view(1, kv_heads, 1)
@@ -212,9 +213,9 @@ def grouped(backend: AttentionBackend) -> AttentionBackend:
         # Laid out group after group, each group's rows are a slice: one gather of q, k and v and one
         # of the output for the whole step (none when the batch is in that order already), rather
         # than three and a scatter per group. In one process, alternated with the per-group copies
-        # (SmolLM2 bf16, EPYC VM, 30 and 60 rounds): a step of 7 decodes and the prompt admitted
-        # after them 1.1-2.7 ms faster (of 110-133 ms), gathered orders (the prompt first; decodes
-        # with two windows) 0.2-0.5 ms, steps without groups level within 0.4 ms; outputs equal.
+        # (SmolLM2 bf16, EPYC VM; docs/bench/issue20-tail-s33/attention_ab.py): steps of 7 decodes
+        # and an admitted prompt 0.2-2.7 ms faster (of 50-133 ms), decodes with windows -0.5 / +0.6
+        # ms; outputs equal. Small, and one code path for every grouped step.
         order = meta.group_order
         if order is not None:
             q, k, v = q.index_select(0, order), k.index_select(0, order), v.index_select(0, order)

@@ -343,6 +343,33 @@ def test_cost_curve_interpolates_and_calibrates():
     assert cost.target_seconds(1, 8) == pytest.approx(2.0)  # other batch sizes keep their own
 
 
+def test_a_steps_pricer_prices_every_shape_as_step_seconds_does():
+    """`step_pricer` (what the controller prices a step's plans with, its lookups made once) gives
+    `step_seconds` exactly, before any measurement and with every kind calibrated: plain decode
+    steps, steps with draft rows, prefill steps (crossing the tokens-per-sequence line), draft steps."""
+    cost = StepCostModel([(1, 0.0367), (16, 0.0445), (48, 0.0559), (256, 0.21)], draft_cost_ratio=0.3)
+
+    def same_prices() -> None:
+        for n in (1, 3, 8, 16):
+            pricer = cost.step_pricer(n)
+            for tokens in (n, n + 1, n + 7, 32 * n, 32 * n + 1, 40 * n + 5):
+                for drafting, steps in ((0, 0), (1, 1), (3, 4), (2, 0)):
+                    assert pricer(tokens, drafting, steps) == cost.step_seconds(n, tokens, drafting, steps)
+
+    same_prices()
+    for n in (1, 3, 8, 16):
+        cost.observe_target(n, n, 0.03 + 0.004 * n, prefill_tokens=0)  # plain decode steps
+    same_prices()
+    for i in range(RESTART_FORWARDS + 2):
+        for n in (1, 3, 8, 16):
+            cost.observe_target(n, n, 0.03 + 0.004 * n + 0.001 * i, prefill_tokens=0)
+            cost.observe_target(n, n + 5 + i, 0.05 + 0.005 * n, prefill_tokens=0)  # draft rows
+            cost.observe_target(n, 40 * n + i, 0.2 + 0.01 * n, prefill_tokens=40 * n - n)  # a prompt
+            cost.observe_draft(n, 3, 0.02 * n + 0.001 * i)
+        cost.observe_overhead(0.002)
+    same_prices()
+
+
 def test_calibration_learns_what_a_row_adds_not_just_a_ratio():
     """SmolLM2 bf16, batch 1, on this CPU: the profile said 36.6 ms for 1 row and 54.7 ms for 2; steps
     measured 48.6 and 62.2 ms (the profile misses per-step work that does not grow with the rows). A

@@ -10,6 +10,7 @@ from ..attention import select_attention_backend
 from .arch import ArchConfig
 from .decoder import CausalDecoder
 from .registry import build_decoder, family_of
+from .row_invariant_linear import make_linears_row_invariant
 from .weights import load_safetensors_weights
 
 
@@ -24,7 +25,8 @@ def load_decoder(
     """The registered family's decoder with the checkpoint's weights. `load_linear_weights=False`
     leaves the nn.Linear weights unread (allocated, never touched, so never resident) for a caller
     that replaces those layers anyway (quantized loading from a GGUF or the packed cache).
-    `batch_invariant` selects attention whose rows do not depend on the rest of the batch."""
+    `batch_invariant` selects attention and linear layers whose rows do not depend on the rest of the
+    batch."""
     cfg = ArchConfig.from_directory(directory)
     # Build on the meta device in the final dtype, then materialise empty storage: no wasted random
     # init of large weights, and no float32 copy of the model on the way to bf16.
@@ -37,5 +39,7 @@ def load_decoder(
     if not load_linear_weights:
         skip = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     load_safetensors_weights(model, directory, family_of(cfg).weight_layout, skip=skip)
+    if batch_invariant:  # and linear layers whose lone rows round as rows in a batch do
+        make_linears_row_invariant(model)
     # Norm weights stay in the model dtype; the norms themselves compute in float32.
     return model.eval().requires_grad_(False)

@@ -17,6 +17,7 @@ from specserve.engine.attention import (
     cpu_paged_attention,
     paged_attention,
 )
+from specserve.engine.models.row_invariant_linear import RowInvariantLinear, make_linears_row_invariant
 
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 16
 
@@ -37,6 +38,28 @@ def test_bf16_matmul_rows_do_not_depend_on_the_batch():
     v = torch.randn(1, 3, 640, 64, generator=g).bfloat16()
     ref = torch.matmul(p[..., :320], v[:, :, :320])
     assert torch.equal(torch.matmul(p[:, :, :2, :640], v)[:, :, :2], ref[:, :, :2])
+
+
+def test_a_lone_row_of_a_row_invariant_linear_is_the_row_of_a_batch():
+    """The premise above fails for one row at a long reduction on some CPUs (AMD EPYC, AVX-512 BF16:
+    27 of 300 rows of a 1536 -> 576 bf16 linear differed alone from in a batch of 300, none from two
+    rows on); the batch-invariant model's linears (RowInvariantLinear) compute a lone row as the
+    first of two, so each row equals its row in any batch. Swapped in place, parameters shared."""
+    g = torch.Generator().manual_seed(0)
+    linear = torch.nn.Linear(1536, 576, bias=False).bfloat16()
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(576, 1536, generator=g) * 0.05)
+    x = (torch.randn(300, 1536, generator=g) * torch.rand(300, 1, generator=g) * 3).bfloat16()
+    holder = torch.nn.Sequential(linear)
+    assert make_linears_row_invariant(holder) == 1
+    invariant = holder[0]
+    assert isinstance(invariant, RowInvariantLinear) and invariant.weight is linear.weight
+    with torch.inference_mode():
+        batch = invariant(x)
+        assert torch.equal(batch, linear(x))  # many rows: the plain GEMM
+        for i in range(300):
+            assert torch.equal(invariant(x[i : i + 1])[0], batch[i]), i
+            assert torch.equal(invariant(x[i]), batch[i]), i  # a 1-D row too
 
 
 def _attention(backend, seqs: list[tuple[int, int, int]], qkv: dict[int, tuple], dtype=torch.bfloat16):

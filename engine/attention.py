@@ -420,13 +420,12 @@ def _blocked_sdpa_attention(
     its diagonal instead of scoring them and masking them off.
 
     Why: torch's CPU SDPA kernel scores the masked keys of a prompt too, and skips them with
-    is_causal only in whole blocks of several hundred keys (not a prompt after a cached prefix,
-    either). One SmolLM2 layer's
-    fresh prompt (bf16, EPYC VM, 2 threads; docs/bench/issue20-s34/prefill_blocks.py): 484 tokens 4.3
-    ms in one call, 3.2 ms in blocks of 64 rows; 1024 tokens 15.6 and 11.5 ms; 104 tokens 0.93x. A
-    whole 484-token prompt's forward 0.88x, a wave of six prompts 0.90x; prompts of 53-104 tokens
-    level. Each row is the same maths as in one call (the keys cut off were masked), rounded as the
-    kernel's key blocks fall.
+    is_causal only in whole blocks of several hundred keys (not at all for a chunk after a cached
+    prefix). One SmolLM2 layer's fresh prompt (bf16, EPYC VM, 2 threads;
+    docs/bench/issue20-s34/prefill_blocks.py): 484 tokens 4.3 ms in one call, 3.2 ms in blocks of 64
+    rows; 1024 tokens 15.6 and 11.5 ms; 104 tokens 0.93x. A whole 484-token prompt's forward 0.88x, a
+    wave of six prompts 0.90x; prompts of 53-104 tokens level. Each row is the same maths as in one
+    call (the keys cut off were masked), rounded as the kernel's key blocks fall.
     """
     queries, keys, values = _write_and_gather(q, k, v, k_cache, v_cache, meta)  # [S, Q, H, D], [S, C, KVH, D]
     keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [S, KVH, C, D]

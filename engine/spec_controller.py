@@ -441,7 +441,8 @@ class _Realized:
         return promised / delivered if delivered > 0 else None
 
 
-# A step price's calibrations (StepCostModel._price_parts): its own kind's, the plain step's price, the other kind's.
+# A step price's calibrations (StepCostModel._price_parts): its own kind's, the plain step's price,
+# the other kind's.
 _PriceParts: TypeAlias = tuple[_Calibration | None, float | None, _Calibration | None]
 
 
@@ -534,8 +535,10 @@ class StepCostModel:
         """`step_seconds(num_sequences, ...)` as a function of (tokens, drafting requests, draft
         steps), for one step's plans: what does not depend on them is looked up once. Why: the
         controller prices every prefix of its draft slots, ~30 shapes a step at 8 SmolLM2 requests
-        and ~100 at 32, and the lookups were half of its time (a step's choice, replayed: 124 us at
-        8 requests, 359 us at 32)."""
+        and ~100 at 32, and repeating the lookups for each was a third of its time (a step's choice,
+        replayed: 134 -> 91 us at 8 requests, 394 -> 265 us at 32, the same decisions;
+        docs/bench/issue20-s34/choose_replay.py; in the engine, run cold between forwards, 0.17-0.18
+        -> 0.16 ms a step at 8)."""
         parts: dict[tuple[int, bool, bool], _PriceParts] = {}
         draft_steps: dict[int, float] = {}
         sequences = max(1, num_sequences)  # _calibration_key's, for these sequences

@@ -533,29 +533,24 @@ class StepCostModel:
 
     def step_pricer(self, num_sequences: int) -> Callable[[int, int, int], float]:
         """`step_seconds(num_sequences, ...)` as a function of (tokens, drafting requests, draft
-        steps), for one step's plans: what does not depend on them is looked up once. Why: the
-        controller prices every prefix of its draft slots, ~30 shapes a step at 8 SmolLM2 requests
-        and ~100 at 32, and repeating the lookups for each was a third of its time (a step's choice,
-        replayed: 134 -> 91 us at 8 requests, 394 -> 265 us at 32, the same decisions;
-        docs/bench/issue20-s34/choose_replay.py; in the engine, run cold between forwards, 0.17-0.18
-        -> 0.16 ms a step at 8)."""
+        steps), for one step's plans: the calibrations a price takes (`_price_parts`) are looked up
+        once per kind of step. Why: the controller prices every prefix of its draft slots, ~30 shapes
+        a step at 8 SmolLM2 requests and ~100 at 32, and repeating the lookups for each was a third of
+        its time (a step's choice, replayed: 134 -> 94-112 us at 8 requests, 394 -> 281-290 us at 32,
+        the same decisions; docs/bench/issue20-s34/choose_replay.py; in the engine, run cold between
+        forwards, 0.17-0.18 -> 0.16 ms a step at 8)."""
         parts: dict[tuple[int, bool, bool], _PriceParts] = {}
-        draft_steps: dict[int, float] = {}
-        sequences = max(1, num_sequences)  # _calibration_key's, for these sequences
-        bucket, prefill_above = _bucket(sequences), PREFILL_TOKENS_PER_SEQUENCE * sequences
 
         def price(num_tokens: int, draft_requests: int, num_steps: int) -> float:
-            key = (bucket, num_tokens > prefill_above, num_tokens > sequences)
+            key = _calibration_key(num_sequences, num_tokens)
             known = parts.get(key)
             if known is None:
                 known = parts[key] = self._price_parts(key, num_sequences)
-            draft = 0.0
-            if draft_requests > 0 and num_steps > 0:
-                step = draft_steps.get(draft_requests)
-                if step is None:
-                    step = draft_steps[draft_requests] = self.draft_step_seconds(draft_requests)
-                draft = num_steps * step
-            return self._price(known, key, num_sequences, num_tokens) + draft + self.overhead_seconds
+            return (
+                self._price(known, key, num_sequences, num_tokens)
+                + self.draft_seconds(draft_requests, num_steps)
+                + self.overhead_seconds
+            )
 
         return price
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import collections
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "issue20-tail-s33"))
 import closed_loop  # noqa: E402
@@ -22,22 +20,9 @@ from specserve.engine import attention, engine_core  # noqa: E402
 spent: collections.Counter[str] = collections.Counter()
 
 
-def timed(owner: Any, name: str, label: str) -> None:
-    real = getattr(owner, name)
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return real(*args, **kwargs)
-        finally:
-            spent[label] += time.perf_counter() - start
-
-    setattr(owner, name, wrapper)
-
-
-timed(attention, "_matmul_attention", "decode attention")
-timed(attention, "_blocked_sdpa_attention", "prefill attention")
-timed(engine_core.EngineCore, "_forward", "forward")
+closed_loop.time_calls(attention, "_matmul_attention", spent, label="decode attention")
+closed_loop.time_calls(attention, "_blocked_sdpa_attention", spent, label="prefill attention")
+closed_loop.time_calls(engine_core.EngineCore, "_forward", spent, label="forward")
 engine = closed_loop.build_engine()
 prompts = [engine.tokenizer.apply_chat_template(p.messages) for p in load_prompts(parse_categories("all"))]
 closed_loop.run_cell(engine, prompts, 8, "off", 0, 8, 0.0)  # warm-up

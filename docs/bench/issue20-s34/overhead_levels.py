@@ -11,9 +11,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 os.environ["ARMS"] = "off,nodraft"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "issue20-tail-s33"))
@@ -24,20 +22,6 @@ from specserve.engine import engine_core, scheduler, spec_controller  # noqa: E4
 
 spent: collections.Counter[str] = collections.Counter()
 calls: collections.Counter[str] = collections.Counter()
-
-
-def timed(owner: Any, name: str) -> None:
-    real = getattr(owner, name)
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return real(*args, **kwargs)
-        finally:
-            spent[name] += time.perf_counter() - start
-            calls[name] += 1
-
-    setattr(owner, name, wrapper)
 
 
 closed_loop.patch_nodraft()
@@ -51,7 +35,7 @@ for owner, name in [
     (engine_core.EngineCore, "_forward"),
     (engine_core.EngineCore, "step"),
 ]:
-    timed(owner, name)
+    closed_loop.time_calls(owner, name, spent, calls)
 clients = int(sys.argv[1])
 engine = closed_loop.build_engine()
 prompts = [engine.tokenizer.apply_chat_template(p.messages) for p in load_prompts(parse_categories("all"))]

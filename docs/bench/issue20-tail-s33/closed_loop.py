@@ -13,6 +13,7 @@ requests of 32 tokens (EOS ignored, greedy, the bench's prompt order), two arms 
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import statistics
@@ -87,6 +88,29 @@ def params(mode: str, max_tokens: int) -> SamplingParams:
     return SamplingParams(
         max_tokens=max_tokens, temperature=0, ignore_eos=True, speculative_policy="adaptive"
     )
+
+
+def time_calls(
+    owner: Any,
+    name: str,
+    spent: collections.Counter[str],
+    calls: collections.Counter[str] | None = None,
+    label: str | None = None,
+) -> None:
+    """Wrap `owner.name` so that every call adds its wall-clock seconds to spent[label or name] (and one
+    to calls[label or name]): the timers of overhead.py and the scripts in ../issue20-s34/."""
+    real, key = getattr(owner, name), label or name
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            spent[key] += time.perf_counter() - start
+            if calls is not None:
+                calls[key] += 1
+
+    setattr(owner, name, wrapper)
 
 
 def run_cell(

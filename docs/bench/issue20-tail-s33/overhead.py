@@ -10,8 +10,6 @@ from __future__ import annotations
 import collections
 import os
 import sys
-import time
-from typing import Any
 
 os.environ["ARMS"] = "off,nodraft"
 import closed_loop  # noqa: E402 (reads ARMS at import)
@@ -20,19 +18,6 @@ from specserve.benchmarks.prompt_sets import load_prompts, parse_categories  # n
 from specserve.engine import engine_core, scheduler, spec_controller  # noqa: E402
 
 spent: collections.Counter[str] = collections.Counter()
-
-
-def timed(owner: Any, name: str) -> None:
-    real = getattr(owner, name)
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return real(*args, **kwargs)
-        finally:
-            spent[name] += time.perf_counter() - start
-
-    setattr(owner, name, wrapper)
 
 
 closed_loop.patch_nodraft()
@@ -46,7 +31,7 @@ for owner, name in [
     (engine_core.EngineCore, "_forward"),
     (engine_core.EngineCore, "step"),
 ]:
-    timed(owner, name)
+    closed_loop.time_calls(owner, name, spent)
 engine = closed_loop.build_engine()
 prompts = [engine.tokenizer.apply_chat_template(p.messages) for p in load_prompts(parse_categories("all"))]
 for mode in ("off", "nodraft"):

@@ -23,6 +23,12 @@ COPY plugins/ plugins/
 RUN pip install . && specserve --help > /dev/null
 
 FROM python:${PYTHON_VERSION}-slim-bookworm
+# gcc builds the paged-decode attention kernel for the machine the container runs on (-march=native),
+# once, into the cache volume (engine/paged_decode_kernel.py); without it decodes take torch's slower path.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 RUN groupadd --gid 1000 specserve \
     && useradd --uid 1000 --gid 1000 --create-home --home-dir /home/specserve --shell /usr/sbin/nologin specserve \
     && mkdir -p /cache \

@@ -21,6 +21,8 @@ from typing import TypeAlias
 import torch
 import torch.nn.functional as F
 
+from .paged_decode_kernel import PagedDecodeKernel, default_paged_decode
+
 AttentionBackend: TypeAlias = Callable[..., torch.Tensor]
 
 
@@ -44,6 +46,9 @@ class AttentionMetadata:
     # decodes, then the prompts it admitted): the groups are then slices of the batch, no gather.
     group_order: torch.Tensor | None = None
     group_places: torch.Tensor | None = None
+    # Per sequence: its first query row in the flat batch, its query rows, its context length and its
+    # first visible context position ([S, 4] int64, the paged-decode kernel's view); None with groups.
+    seq_info: torch.Tensor | None = None
     # head_major_rows' indices per KV head count, built on first use: every layer of the step shares them.
     _head_rows: dict[int, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
     # query_blocks' blocks per block size, built on first use (the mask is every layer's).
@@ -111,8 +116,10 @@ class AttentionMetadata:
         query_index = torch.zeros(num_seqs, max_q, dtype=torch.int64)
         q_positions = torch.full((num_seqs, max_q), -1, dtype=torch.int64)
         output_index: list[int] = []
+        seq_info: list[tuple[int, int, int, int]] = []
         flat = 0
         for i, (q_len, c_len, table) in enumerate(zip(query_lens, context_lens, block_tables, strict=True)):
+            seq_info.append((flat, q_len, c_len, context_starts[i] if context_starts is not None else 0))
             positions = torch.arange(c_len)
             blocks = torch.tensor(table, dtype=torch.int64)[positions // block_size]
             slots = blocks * block_size + positions % block_size
@@ -136,6 +143,7 @@ class AttentionMetadata:
             attn_mask=mask.unsqueeze(1).to(device),
             output_index=torch.tensor(output_index, dtype=torch.int64, device=device),
             uniform_queries=len(set(query_lens)) == 1,
+            seq_info=torch.tensor(seq_info, dtype=torch.int64, device=device),
         )
 
     @classmethod
@@ -402,6 +410,32 @@ def cpu_paged_attention(
     return _matmul_attention(q, k, v, k_cache, v_cache, meta, scale)
 
 
+def kernel_paged_attention(kernel: PagedDecodeKernel) -> AttentionBackend:
+    """The default CPU backend where the paged-decode kernel builds (engine/paged_decode_kernel.py):
+    groups of decodes and verification windows read the paged cache in place, with no gathered or
+    padded copy; prefill chunks run as in `cpu_paged_attention`, and so do dtypes and head sizes the
+    kernel does not take."""
+
+    @grouped
+    def cpu_kernel_paged_attention(
+        q: torch.Tensor,  # [T, H, D]
+        k: torch.Tensor,  # [T, KVH, D]
+        v: torch.Tensor,  # [T, KVH, D]
+        k_cache: torch.Tensor,  # [num_slots, KVH, D]
+        v_cache: torch.Tensor,  # [num_slots, KVH, D]
+        meta: AttentionMetadata,  # one group
+        scale: float,
+    ) -> torch.Tensor:  # [T, H * D]
+        if meta.query_index.shape[1] > SMALL_QUERY_ROWS:
+            return _blocked_sdpa_attention(q, k, v, k_cache, v_cache, meta, scale)
+        if meta.seq_info is None or not kernel.supports(q.dtype, k_cache.dtype, q.shape[-1]):
+            return _matmul_attention(q, k, v, k_cache, v_cache, meta, scale)
+        _write_new_kv(k, v, k_cache, v_cache, meta)
+        return kernel(q, k_cache, v_cache, meta.seq_info, meta.context_slots, scale)
+
+    return cpu_kernel_paged_attention
+
+
 # Prefill chunks attend in blocks of this many query rows, each block to the keys its rows may see.
 PREFILL_QUERY_BLOCK = 64
 
@@ -582,13 +616,17 @@ def xformers_paged_attention(q, k, v, k_cache, v_cache, meta, scale) -> torch.Te
 def select_attention_backend(
     device: torch.device | str, batch_invariant: bool = False
 ) -> tuple[str, AttentionBackend]:
-    """Batch-invariant attention when asked (CPU); else on the CPU SDPA for prefill chunks and
-    matmuls for decodes and windows (`cpu_paged_attention`); on CUDA xformers if installed, else SDPA."""
+    """Batch-invariant attention when asked (CPU); else on the CPU SDPA for prefill chunks and the
+    paged-decode kernel for decodes and windows (`kernel_paged_attention`), or matmuls where the
+    kernel cannot be built (`cpu_paged_attention`); on CUDA xformers if installed, else SDPA."""
     if batch_invariant:
         return "batch_invariant", batch_invariant_paged_attention
     kind = torch.device(device).type
     if kind == "cuda" and importlib.util.find_spec("xformers") is not None:
         return "xformers", xformers_paged_attention
     if kind == "cpu":
+        kernel = default_paged_decode()
+        if kernel is not None:
+            return "cpu_sdpa_prefill_kernel_decode", kernel_paged_attention(kernel)
         return "cpu_sdpa_prefill_matmul_decode", cpu_paged_attention
     return "torch_sdpa", paged_attention

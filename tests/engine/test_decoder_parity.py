@@ -58,9 +58,10 @@ def test_logits_match_transformers(tmp_path, arch):
 
 
 def test_attention_backend_selection():
-    from specserve.engine.attention import cpu_paged_attention, select_attention_backend
+    from specserve.engine.attention import select_attention_backend
 
-    assert select_attention_backend("cpu") == ("cpu_sdpa_prefill_matmul_decode", cpu_paged_attention)
+    # This machine has gcc: the paged-decode kernel (the fallback: tests/engine/test_paged_decode_kernel.py).
+    assert select_attention_backend("cpu")[0] == "cpu_sdpa_prefill_kernel_decode"
     assert select_attention_backend("cpu", batch_invariant=True)[0] == "batch_invariant"
 
 
@@ -162,7 +163,7 @@ def test_sequences_are_attended_in_groups_of_similar_query_length():
     ],
 )
 @pytest.mark.parametrize(
-    "backend", ["paged_attention", "cpu_paged_attention", "batch_invariant_paged_attention"]
+    "backend", ["paged_attention", "cpu_paged_attention", "kernel", "batch_invariant_paged_attention"]
 )
 def test_grouped_attention_equals_one_padded_batch(monkeypatch, q_lens, c_lens, num_groups, backend):
     """A prefill chunk, windows and decodes in one step: the same rows grouped or padded together
@@ -180,7 +181,12 @@ def test_grouped_attention_equals_one_padded_batch(monkeypatch, q_lens, c_lens, 
     grouped_meta = AttentionMetadata.build(q_lens, c_lens, tables, BLOCK, pad_slot=k_cache.shape[0] - 1)
     assert len(grouped_meta.groups) == num_groups
     assert (grouped_meta.group_order is None) == (q_lens == sorted(q_lens))
-    attend = getattr(attention, backend)
+    if backend == "kernel":
+        kernel = attention.default_paged_decode()
+        assert kernel is not None
+        attend = attention.kernel_paged_attention(kernel)
+    else:
+        attend = getattr(attention, backend)
     out = attend(q, k, v, k_cache.clone(), v_cache.clone(), grouped_meta, dim**-0.5)
     monkeypatch.setattr(attention, "query_groups", lambda lens: [list(range(len(lens)))])
     padded_meta = AttentionMetadata.build(q_lens, c_lens, tables, BLOCK, pad_slot=k_cache.shape[0] - 1)

@@ -1,0 +1,183 @@
+"""The C paged-decode kernel (engine/paged_decode.c): built with the machine's C compiler at first use,
+cached by source, flags, compiler and CPU, loaded with ctypes.
+
+Why our own kernel: decodes and verification windows attend a few query rows each against their own
+context in the paged cache. torch has no paged attention for the CPU, so the matmul path gathers every
+sequence's keys and values into a padded copy first and computes scores in bf16; this kernel reads the
+cache in place, skips the padding and keeps scores and softmax in float32. One SmolLM2 layer, bf16, AMD
+EPYC (AVX512-BF16), 2 threads, against the matmul path (docs/bench/issue20-s35/decode_kernel.py): 0.2-0.3x
+the time for 1-32 decodes at 100-700 keys, 0.4-0.6x for verification windows; outputs closer to a
+float64 reference (mean error 0.6x). vLLM's CPU backend does the same with its own C++ kernels; there
+is no maintained library that attends over our cache layout.
+
+Why gcc at run time rather than a compiled wheel: `pip install -e .` stays pure Python (no build
+isolation pulling a second torch), and -march=native gets the machine's vector instructions. Where no
+compiler is found or the build fails, `default_paged_decode` logs one warning and returns None, and
+attention keeps the torch path. `SPECSERVE_PAGED_DECODE=0` turns the kernel off (A/B runs).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("specserve.engine")
+
+SOURCE = Path(__file__).with_name("paged_decode.c")
+COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c11", "-Wall")
+# Linked separately, without -ffast-math or -march: gcc 12 links crtfastmath.o into a shared library
+# built with -ffast-math, which sets flush-to-zero for the whole process (torch's maths included).
+LINK_FLAGS = ("-shared", "-fopenmp")
+# Every head size the bf16 vector path takes is a multiple of this (two 512-bit loads of bf16 pairs).
+_VECTOR_HEAD_MULTIPLE = 32
+_VECTOR_HEAD_MAX = 256
+_BUILD_SECONDS = 120
+
+
+class KernelBuildError(RuntimeError):
+    """The kernel could not be compiled or loaded (no compiler, a compile error, an unloadable file)."""
+
+
+@dataclass(frozen=True)
+class PagedDecodeKernel:
+    path: Path  # the loaded shared library
+    vector_bf16: bool  # compiled with the AVX512-BF16 path
+    function: Callable[..., int]  # paged_decode in the library (ctypes, argtypes set)
+
+    def supports(self, dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int) -> bool:
+        """float32 always; bf16 where the vector path takes the head size. Elsewhere (bf16 without
+        AVX512-BF16, other dtypes) the kernel's plain loops are slower than torch's matmuls."""
+        if dtype != cache_dtype:
+            return False
+        if dtype == torch.float32:
+            return True
+        return (
+            dtype == torch.bfloat16
+            and self.vector_bf16
+            and head_dim % _VECTOR_HEAD_MULTIPLE == 0
+            and head_dim <= _VECTOR_HEAD_MAX
+        )
+
+    def __call__(
+        self,
+        q: torch.Tensor,  # [T, H, D]
+        k_cache: torch.Tensor,  # [num_slots, KVH, D]
+        v_cache: torch.Tensor,  # [num_slots, KVH, D]
+        seq_info: torch.Tensor,  # [S, 4] int64: first query row, query rows, context length, first visible
+        context_slots: torch.Tensor,  # [S, C] int64
+        scale: float,
+    ) -> torch.Tensor:  # [T, H * D]
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        num_tokens, heads, dim = q.shape
+        rc = self.function(
+            int(q.dtype == torch.bfloat16),
+            q.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            out.data_ptr(),
+            seq_info.data_ptr(),
+            context_slots.data_ptr(),
+            context_slots.shape[1],
+            seq_info.shape[0],
+            heads,
+            k_cache.shape[1],
+            dim,
+            scale,
+            torch.get_num_threads(),
+        )
+        if rc != 0:
+            raise MemoryError("paged-decode kernel: could not allocate its scratch")
+        return out.view(num_tokens, heads * dim)
+
+
+def _cpu_identity() -> str:
+    """What -march=native depends on: the CPU's model and feature flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    wanted = [line for line in lines if line.startswith(("model name", "flags", "Features"))]
+    return "\n".join(dict.fromkeys(wanted))
+
+
+def build_paged_decode(
+    cache_dir: Path, compiler: str = "gcc", defines: tuple[str, ...] = ()
+) -> PagedDecodeKernel:
+    """Compile (or reuse) the kernel under `cache_dir`/kernels and load it. `defines` are extra -D
+    macros (SPECSERVE_GENERIC builds the plain loops only). Raises KernelBuildError."""
+    found = shutil.which(compiler)
+    if found is None:
+        raise KernelBuildError(f"no C compiler {compiler!r} on PATH")
+    try:
+        version = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise KernelBuildError(f"{compiler} --version failed: {e}") from e
+    source = SOURCE.read_bytes()
+    flags = (*COMPILE_FLAGS, *(f"-D{d}" for d in defines))
+    key = hashlib.sha256(
+        b"\0".join([source, " ".join(flags).encode(), version.encode(), _cpu_identity().encode()])
+    )
+    target = cache_dir / "kernels" / f"paged_decode-{key.hexdigest()[:16]}.so"
+    if not target.exists():
+        _compile(found, flags, target)
+    try:
+        library = ctypes.CDLL(str(target))
+    except OSError as e:
+        raise KernelBuildError(f"could not load {target}: {e}") from e
+    function = library.paged_decode
+    function.restype = ctypes.c_int
+    function.argtypes = (
+        [ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int]
+    )
+    vector = library.paged_decode_vector_bf16
+    vector.restype = ctypes.c_int
+    return PagedDecodeKernel(path=target, vector_bf16=bool(vector()), function=function)
+
+
+def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> None:
+    """Compile and link into a temporary file beside `target`, then rename: concurrent builders (two
+    test processes) each finish a whole file, and the last rename wins."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        obj, lib = Path(tmp) / "paged_decode.o", Path(tmp) / "paged_decode.so"
+        for command in (
+            [compiler, *flags, "-c", str(SOURCE), "-o", str(obj)],
+            [compiler, *LINK_FLAGS, str(obj), "-o", str(lib), "-lm"],
+        ):
+            try:
+                done = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_SECONDS)
+            except (OSError, subprocess.SubprocessError) as e:
+                raise KernelBuildError(f"{' '.join(command)}: {e}") from e
+            if done.returncode != 0:
+                first = (done.stderr.strip().splitlines() or ["(no output)"])[0]
+                raise KernelBuildError(f"{' '.join(command)} failed: {first}")
+        os.replace(lib, target)
+
+
+@functools.cache
+def default_paged_decode() -> PagedDecodeKernel | None:
+    """The kernel for this process, built under the model cache ($SPECSERVE_CACHE_DIR or
+    ~/.cache/specserve) with $CC or gcc; None (one warning) where it cannot be built, or when
+    SPECSERVE_PAGED_DECODE=0."""
+    if os.environ.get("SPECSERVE_PAGED_DECODE", "1") == "0":
+        return None
+    from .models.loader import default_cache_dir  # here: models import attention, which imports us
+
+    try:
+        return build_paged_decode(default_cache_dir(), os.environ.get("CC") or "gcc")
+    except KernelBuildError as e:
+        logger.warning("paged-decode kernel unavailable, decodes use torch matmuls: %s", e)
+        return None

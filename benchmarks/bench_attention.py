@@ -1,10 +1,14 @@
 """Attention backends side by side: one model's whole forward (all layers, paged KV) per batch shape,
-with torch SDPA everywhere and with the default CPU backend (SDPA for prefill chunks, matmuls for
-decodes and verification windows). Arms alternate within every repeat; the table gives the median
-forward time of each and the paired ratio SDPA / default (> 1: the default is faster).
+with torch SDPA everywhere, with SDPA for prefill chunks and torch matmuls for decodes and verification
+windows (`matmul`), and with the default CPU backend (the paged-decode kernel for those where it builds,
+else the matmuls). Arms alternate within every repeat; the table gives the median forward time of each
+and the paired ratios SDPA / default and matmul / default (> 1: the default is faster).
 
     python -m specserve.benchmarks.bench_attention --model-path Qwen/Qwen2.5-Coder-1.5B-Instruct \\
         --sequences 1,4,8,16 --context 256,1024 --queries 1,5
+
+`--context-spread F` gives the sequences of a batch contexts spread evenly from (1 - F) x context up to
+context, as requests that started apart have: the padded paths attend every sequence to the longest.
 """
 
 from __future__ import annotations
@@ -19,7 +23,12 @@ from typing import Any
 
 import torch
 
-from specserve.engine.attention import AttentionBackend, cpu_paged_attention, paged_attention
+from specserve.engine.attention import (
+    AttentionBackend,
+    cpu_paged_attention,
+    paged_attention,
+    select_attention_backend,
+)
 from specserve.engine.builder import load_model
 from specserve.engine.config import ModelSpec
 from specserve.engine.models.decoder import CausalDecoder
@@ -38,10 +47,17 @@ from .harness import (
     write_report,
 )
 
-SCHEMA = "specserve.bench.attention/1"
+SCHEMA = "specserve.bench.attention/2"
 KIND = "attention"
 BLOCK_SIZE = 16
-BACKENDS: dict[str, AttentionBackend] = {"sdpa": paged_attention, "default": cpu_paged_attention}
+
+
+def backends() -> dict[str, AttentionBackend]:
+    return {
+        "sdpa": paged_attention,
+        "matmul": cpu_paged_attention,
+        "default": select_attention_backend("cpu")[1],
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sequences", type=int_list, default=[1, 4, 8], help="batch sizes (comma list)")
     p.add_argument("--context", type=int_list, default=[256, 1024], help="tokens already cached per sequence")
     p.add_argument("--queries", type=int_list, default=[1, 5], help="new tokens per sequence (1 = decode)")
+    p.add_argument(
+        "--context-spread",
+        type=spread,
+        default=0.0,
+        help="contexts of a batch spread evenly from (1 - F) x context up to context (default 0: all equal)",
+    )
     p.add_argument("--repeats", type=positive_int, default=5, help="timed forwards per arm and shape")
     p.add_argument(
         "--thread",
@@ -64,14 +86,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def spread(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1): {text!r}")
+    return value
+
+
+def contexts_of(num_seqs: int, context: int, spread: float) -> list[int]:
+    """Each sequence's cached context: evenly from (1 - spread) x context to context (the last, or a
+    lone sequence, has the whole context)."""
+    width = context * spread
+    return [round(context - width * (num_seqs - 1 - i) / max(num_seqs - 1, 1)) for i in range(num_seqs)]
+
+
 def _forward_seconds(
     model: CausalDecoder,
     kv_cache: list[tuple[torch.Tensor, torch.Tensor]],
     tables: list[list[int]],
-    context: int,
+    contexts: list[int],
     queries: int,
 ) -> float:
-    seqs = [SequenceInput([1] * queries, context, table, queries) for table in tables]
+    seqs = [
+        SequenceInput([1] * queries, c, table, queries) for table, c in zip(tables, contexts, strict=True)
+    ]
     start = time.perf_counter()
     forward_sequences(model, kv_cache, seqs, BLOCK_SIZE)
     return time.perf_counter() - start
@@ -103,35 +144,38 @@ def _run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         keys.normal_()
         values.normal_()
     shapes = [(s, c, q) for s in args.sequences for c in args.context for q in args.queries]
+    arms = backends()
     rows: list[dict[str, Any]] = []
     with progress(len(shapes), "attention", args.no_progress) as bar:
         for num_seqs, context, queries in shapes:
             tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(num_seqs)]
-            times: dict[str, list[float]] = {name: [] for name in BACKENDS}
+            contexts = contexts_of(num_seqs, context, args.context_spread)
+            times: dict[str, list[float]] = {name: [] for name in arms}
             for rep in range(args.repeats + 1):  # the first round warms up and is dropped
-                order = list(BACKENDS) if rep % 2 == 0 else list(reversed(BACKENDS))
+                order = list(arms) if rep % 2 == 0 else list(reversed(arms))
                 for name in order:
-                    _use(model, BACKENDS[name])
-                    seconds = _forward_seconds(model, kv_cache, tables, context, queries)
+                    _use(model, arms[name])
+                    seconds = _forward_seconds(model, kv_cache, tables, contexts, queries)
                     if rep > 0:
                         times[name].append(seconds)
-            ratios = [a / b for a, b in zip(times["sdpa"], times["default"], strict=True)]
-            rows.append(
-                {
-                    "sequences": num_seqs,
-                    "context": context,
-                    "queries": queries,
-                    "sdpa_ms": [t * 1e3 for t in times["sdpa"]],
-                    "default_ms": [t * 1e3 for t in times["default"]],
-                    "sdpa_ms_median": statistics.median(times["sdpa"]) * 1e3,
-                    "default_ms_median": statistics.median(times["default"]) * 1e3,
-                    "sdpa_over_default": statistics.median(ratios),
-                }
-            )
+            row: dict[str, Any] = {
+                "sequences": num_seqs,
+                "context": context,
+                "contexts": contexts,
+                "queries": queries,
+            }
+            for name in arms:
+                row[f"{name}_ms"] = [t * 1e3 for t in times[name]]
+                row[f"{name}_ms_median"] = statistics.median(times[name]) * 1e3
+            for name in ("sdpa", "matmul"):
+                ratios = [a / b for a, b in zip(times[name], times["default"], strict=True)]
+                row[f"{name}_over_default"] = statistics.median(ratios)
+            rows.append(row)
             bar.update(1)
     report = envelope(SCHEMA, "bench_attention", argv)
     report.update(
         config={k: v for k, v in vars(args).items() if k not in ("output_dir", "no_plots", "no_progress")},
+        default_backend=select_attention_backend("cpu")[0],
         threads=torch.get_num_threads(),
         results=rows,
     )
@@ -145,12 +189,28 @@ def markdown(report: dict[str, Any]) -> str:
             str(r["context"]),
             str(r["queries"]),
             fmt(r["sdpa_ms_median"], 1),
+            fmt(r["matmul_ms_median"], 1),
             fmt(r["default_ms_median"], 1),
             fmt(r["sdpa_over_default"], 2, "x"),
+            fmt(r["matmul_over_default"], 2, "x"),
         ]
         for r in report["results"]
     ]
-    header = ["sequences", "context", "new tokens each", "SDPA ms", "default ms", "SDPA / default"]
+    header = [
+        "sequences",
+        "context",
+        "new tokens each",
+        "SDPA ms",
+        "matmul ms",
+        "default ms",
+        "SDPA / default",
+        "matmul / default",
+    ]
+    spread_note = (
+        f" Contexts spread from {1 - report['config']['context_spread']:.2f}x the column's up to it."
+        if report["config"]["context_spread"]
+        else ""
+    )
     lines = [
         "# attention backends",
         "",
@@ -159,7 +219,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"Whole forward of {report['config']['model_path'] or 'the embedded SmolLM2-135M'}"
         f" ({report['config']['quantization_encoding']}, {report['threads']} threads, in the"
         f" {report['config']['thread']} thread), median of"
-        f" {report['config']['repeats']} per arm; the ratio is the median of paired ratios.",
+        f" {report['config']['repeats']} per arm; ratios are medians of paired ratios. Default backend:"
+        f" `{report['default_backend']}`.{spread_note}",
         "",
         md_table(header, rows),
     ]
@@ -170,9 +231,9 @@ def plot(report: dict[str, Any], out_dir: Path) -> list[str]:
     results = report["results"]
     return save_ratio_bars(
         [f"{r['sequences']}x{r['queries']} @{r['context']}" for r in results],
-        [r["sdpa_over_default"] for r in results],
+        [r["matmul_over_default"] for r in results],
         out_dir / f"{KIND}.png",
-        "SDPA forward time / default forward time",
+        "matmul forward time / default forward time",
         "sequences x new tokens @ cached context",
     )
 

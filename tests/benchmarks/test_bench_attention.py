@@ -1,4 +1,4 @@
-"""bench_attention end to end on the tiny model: one row per shape, both arms timed, paired ratios."""
+"""bench_attention end to end on the tiny model: one row per shape, every arm timed, paired ratios."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ def test_tiny_run_times_both_backends_for_every_shape(tiny_llama_dir, tmp_path, 
             "--context", "40",
             "--queries", "1,20",
             "--repeats", "2",
+            "--context-spread", "0.5",
             "--cache-dir", str(tmp_path / "cache"),
             "--output-dir", str(tmp_path / "out"),
             "--no-progress",
@@ -30,17 +31,28 @@ def test_tiny_run_times_both_backends_for_every_shape(tiny_llama_dir, tmp_path, 
     assert report["schema"] == bench_attention.SCHEMA and report["config"]["thread"] == thread
     shapes = [(r["sequences"], r["context"], r["queries"]) for r in report["results"]]
     assert shapes == [(1, 40, 1), (1, 40, 20), (3, 40, 1), (3, 40, 20)]
+    assert [r["contexts"] for r in report["results"]] == [[40], [40], [20, 30, 40], [20, 30, 40]]
+    assert report["default_backend"] == "cpu_sdpa_prefill_kernel_decode"  # gcc is on this machine
     for row in report["results"]:
-        assert len(row["sdpa_ms"]) == len(row["default_ms"]) == 2
-        assert min(row["sdpa_ms"] + row["default_ms"]) > 0
-        ratios = [a / b for a, b in zip(row["sdpa_ms"], row["default_ms"], strict=True)]
-        assert row["sdpa_over_default"] == pytest.approx(statistics.median(ratios))
+        assert len(row["sdpa_ms"]) == len(row["matmul_ms"]) == len(row["default_ms"]) == 2
+        assert min(row["sdpa_ms"] + row["matmul_ms"] + row["default_ms"]) > 0
+        for arm in ("sdpa", "matmul"):
+            ratios = [a / b for a, b in zip(row[f"{arm}_ms"], row["default_ms"], strict=True)]
+            assert row[f"{arm}_over_default"] == pytest.approx(statistics.median(ratios))
     assert (tmp_path / "out" / "attention.png").exists()
     assert "| sequences | context |" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
-    "argv", [["--sequences", "0,4"], ["--context", "many"], ["--repeats", "0"], ["--thread", "other"]]
+    "argv",
+    [
+        ["--sequences", "0,4"],
+        ["--context", "many"],
+        ["--repeats", "0"],
+        ["--thread", "other"],
+        ["--context-spread", "1"],
+        ["--context-spread", "wide"],
+    ],
 )
 def test_bad_arguments_are_one_line_errors(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:

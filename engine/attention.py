@@ -7,7 +7,9 @@ decodes and (k+1)-token verification windows of different requests run in one SD
 or one per group of sequences with similar query lengths (`grouped`): padded to the longest query of
 the batch, one 9-token window made every decode of a 16-request SmolLM2 batch attend 9 query rows
 (steps 0.13 s instead of 0.10 s with 16% more rows), a 500-token prefill chunk 500. On the CPU,
-groups of decodes and verification windows skip SDPA for two matmuls (`cpu_paged_attention`).
+groups of decodes and verification windows skip SDPA and the gather: the paged-decode kernel reads each
+sequence's context in place (`kernel_paged_attention`, engine/paged_decode.c), or, where it cannot be
+built, two matmuls over a gathered copy (`cpu_paged_attention`).
 """
 
 from __future__ import annotations

@@ -57,6 +57,45 @@ class AttentionMetadata:
     _query_blocks: dict[int, list[tuple[int, int, int]]] = field(
         default_factory=dict, repr=False, compare=False
     )
+    # merged_short_queries' result per row bound, built on first use (every layer's).
+    _merged: dict[int, AttentionMetadata | None] = field(default_factory=dict, repr=False, compare=False)
+
+    def merged_short_queries(self, max_rows: int) -> AttentionMetadata | None:
+        """A grouped step whose groups all have at most `max_rows` query rows (decodes and windows) as
+        one ungrouped metadata in the batch's own token order, for a backend that needs no padding (the
+        paged-decode kernel): slot_mapping, context_slots (each group's, widened to the longest) and
+        seq_info only. None when a group is longer (a prefill chunk) or the step is not grouped."""
+        if max_rows in self._merged:
+            return self._merged[max_rows]
+        merged = None
+        parts = [sub for _, _, sub in self.groups]
+        if parts and all(sub.seq_info is not None and sub.query_index.shape[1] <= max_rows for sub in parts):
+            width = max(sub.context_slots.shape[1] for sub in parts)
+            infos = []
+            for first, _, sub in self.groups:
+                assert sub.seq_info is not None
+                info = sub.seq_info.clone()
+                info[:, 0] += first  # the sequence's first token, in the group-after-group layout
+                infos.append(info)
+            seq_info = torch.cat(infos)
+            slot_mapping = torch.cat([sub.slot_mapping for sub in parts])  # group-after-group order
+            if self.group_order is not None:  # back to the batch's order
+                seq_info[:, 0] = self.group_order[seq_info[:, 0]]
+                assert self.group_places is not None
+                slot_mapping = slot_mapping.index_select(0, self.group_places)
+            empty = torch.empty(0, dtype=torch.int64, device=slot_mapping.device)
+            merged = AttentionMetadata(
+                slot_mapping=slot_mapping,
+                context_slots=torch.cat(
+                    [F.pad(sub.context_slots, (0, width - sub.context_slots.shape[1])) for sub in parts]
+                ),
+                query_index=empty,
+                attn_mask=torch.empty(0, dtype=torch.bool, device=slot_mapping.device),
+                output_index=empty,
+                seq_info=seq_info,
+            )
+        self._merged[max_rows] = merged
+        return merged
 
     def head_major_rows(self, kv_heads: int) -> torch.Tensor:  # [S, KVH, C] int64
         """The row of each (sequence, KV head, context position) in a cache viewed as [num_slots * KVH,
@@ -419,7 +458,7 @@ def kernel_paged_attention(kernel: PagedDecodeKernel) -> AttentionBackend:
     kernel does not take."""
 
     @grouped
-    def cpu_kernel_paged_attention(
+    def per_group(
         q: torch.Tensor,  # [T, H, D]
         k: torch.Tensor,  # [T, KVH, D]
         v: torch.Tensor,  # [T, KVH, D]
@@ -434,6 +473,24 @@ def kernel_paged_attention(kernel: PagedDecodeKernel) -> AttentionBackend:
             return _matmul_attention(q, k, v, k_cache, v_cache, meta, scale)
         _write_new_kv(k, v, k_cache, v_cache, meta)
         return kernel(q, k_cache, v_cache, meta.seq_info, meta.context_slots, scale)
+
+    def cpu_kernel_paged_attention(
+        q: torch.Tensor,  # [T, H, D]
+        k: torch.Tensor,  # [T, KVH, D]
+        v: torch.Tensor,  # [T, KVH, D]
+        k_cache: torch.Tensor,  # [num_slots, KVH, D]
+        v_cache: torch.Tensor,  # [num_slots, KVH, D]
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [T, H * D]
+        # Decodes beside verification windows are grouped for the padded paths; the kernel pads
+        # nothing, so it takes them in one call, in the batch's order (no gathers, one call a layer).
+        merged = meta.merged_short_queries(SMALL_QUERY_ROWS) if meta.groups else None
+        if merged is not None and kernel.supports(q.dtype, k_cache.dtype, q.shape[-1]):
+            _write_new_kv(k, v, k_cache, v_cache, merged)
+            assert merged.seq_info is not None
+            return kernel(q, k_cache, v_cache, merged.seq_info, merged.context_slots, scale)
+        return per_group(q, k, v, k_cache, v_cache, meta, scale)
 
     return cpu_kernel_paged_attention
 

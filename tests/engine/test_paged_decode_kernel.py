@@ -143,6 +143,30 @@ def test_a_rows_output_does_not_depend_on_the_rest_of_the_batch(kernel, dtype):
     assert torch.equal(out[3:], together[:1])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("q_lens", [[1, 5, 1, 1, 9, 3], [1, 1, 1, 3, 5, 9]])  # interleaved, group after group
+def test_decodes_and_windows_in_one_call_equal_them_group_by_group(kernel, monkeypatch, dtype, q_lens):
+    """The kernel takes a step's decodes and windows in one call, in the batch's order: the same rows,
+    bitwise, as attending each group on its own (which the padded paths need)."""
+    step = _step(q_lens, [40, 300, 7, 128, 61, 90], 9, 3, 64, dtype, seed=8)
+    meta = step[5]
+    assert len(meta.groups) == 3 and (meta.group_order is None) == (q_lens == sorted(q_lens))
+    merged = meta.merged_short_queries(attention.SMALL_QUERY_ROWS)
+    assert merged is not None and merged.seq_info is not None
+    # Sequences listed group by group, each pointing at its rows in the batch's own order.
+    assert sorted(merged.seq_info[:, 0].tolist()) == [sum(q_lens[:i]) for i in range(len(q_lens))]
+    backend = kernel_paged_attention(kernel)
+    together = _attend(backend, step, 0.125)
+    monkeypatch.setattr(AttentionMetadata, "merged_short_queries", lambda self, rows: None)
+    assert torch.equal(_attend(backend, step, 0.125), together)
+
+
+def test_a_step_with_a_prefill_chunk_is_not_merged():
+    meta = _step([1, 40, 3], [30, 40, 50], 4, 2, 64, torch.float32)[5]
+    assert len(meta.groups) == 3 and meta.merged_short_queries(16) is None
+    assert _step([1, 1], [30, 40], 4, 2, 64, torch.float32)[5].merged_short_queries(16) is None  # one group
+
+
 def _table(meta: AttentionMetadata, i: int, c_len: int) -> list[int]:
     slots = meta.context_slots[i, :c_len]
     return (slots[::BLOCK] // BLOCK).tolist()

@@ -4,11 +4,12 @@ cached by source, flags, compiler and CPU, loaded with ctypes.
 Why our own kernel: decodes and verification windows attend a few query rows each against their own
 context in the paged cache. torch has no paged attention for the CPU, so the matmul path gathers every
 sequence's keys and values into a padded copy first and computes scores in bf16; this kernel reads the
-cache in place, skips the padding and keeps scores and softmax in float32. One SmolLM2 layer, bf16, AMD
-EPYC (AVX512-BF16), 2 threads, against the matmul path (docs/bench/issue20-s35/decode_kernel.py): 0.2-0.3x
-the time for 1-32 decodes at 100-700 keys, 0.4-0.6x for verification windows; outputs closer to a
-float64 reference (mean error 0.6x). vLLM's CPU backend does the same with its own C++ kernels; there
-is no maintained library that attends over our cache layout.
+cache in place, skips the padding and keeps scores and softmax in float32. One layer, bf16, AMD EPYC
+(AVX512-BF16), 2 threads, against the matmul path (docs/bench/issue20-s35/decode_kernel.py): 0.27-0.49x
+the time for 1-32 decodes of SmolLM2 and Qwen2.5-1.5B at 100-800 keys, 0.75-0.93x for verification
+windows; mean distance from a float64 answer 0.21-0.33x the matmul path's. A whole SmolLM2 decode
+forward of 4-32 sequences 1.23-1.44x faster (bench_attention). vLLM's CPU backend does the same with its
+own C++ kernels; there is no maintained library that attends over our cache layout.
 
 Why gcc at run time rather than a compiled wheel: `pip install -e .` stays pure Python (no build
 isolation pulling a second torch), and -march=native gets the machine's vector instructions. Where no

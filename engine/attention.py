@@ -445,7 +445,21 @@ def cpu_paged_attention(
     the call. On the AMD EPYC (AVX-512 BF16, no AMX, 2 threads), one Qwen2.5-1.5B layer's decode of
     4 sequences at 600 keys took 3.7 ms in SDPA and 0.5 ms as matmuls (benchmarks/bench_attention.py);
     a whole plain decode forward of 4 sequences took 1.3-1.7x as long with SDPA as without, and the
-    0.5B draft's 2x, once per drafted token."""
+    0.5B draft's 2x, once per drafted token. (The default where the paged-decode kernel cannot be
+    built; `kernel_paged_attention` otherwise.)"""
+    return _cpu_group_attention(q, k, v, k_cache, v_cache, meta, scale)
+
+
+def _cpu_group_attention(
+    q: torch.Tensor,  # [T, H, D]
+    k: torch.Tensor,  # [T, KVH, D]
+    v: torch.Tensor,  # [T, KVH, D]
+    k_cache: torch.Tensor,  # [num_slots, KVH, D]
+    v_cache: torch.Tensor,  # [num_slots, KVH, D]
+    meta: AttentionMetadata,  # one group
+    scale: float,
+) -> torch.Tensor:  # [T, H * D]
+    """One group the torch way: prefill chunks through blocked SDPA, decodes and windows as matmuls."""
     if meta.query_index.shape[1] > SMALL_QUERY_ROWS:
         return _blocked_sdpa_attention(q, k, v, k_cache, v_cache, meta, scale)
     return _matmul_attention(q, k, v, k_cache, v_cache, meta, scale)
@@ -467,10 +481,12 @@ def kernel_paged_attention(kernel: PagedDecodeKernel) -> AttentionBackend:
         meta: AttentionMetadata,  # one group
         scale: float,
     ) -> torch.Tensor:  # [T, H * D]
-        if meta.query_index.shape[1] > SMALL_QUERY_ROWS:
-            return _blocked_sdpa_attention(q, k, v, k_cache, v_cache, meta, scale)
-        if meta.seq_info is None or not kernel.supports(q.dtype, k_cache.dtype, q.shape[-1]):
-            return _matmul_attention(q, k, v, k_cache, v_cache, meta, scale)
+        if (
+            meta.query_index.shape[1] > SMALL_QUERY_ROWS
+            or meta.seq_info is None
+            or not kernel.supports(q.dtype, k_cache.dtype, q.shape[-1])
+        ):
+            return _cpu_group_attention(q, k, v, k_cache, v_cache, meta, scale)
         _write_new_kv(k, v, k_cache, v_cache, meta)
         return kernel(q, k_cache, v_cache, meta.seq_info, meta.context_slots, scale)
 

@@ -52,12 +52,16 @@ KIND = "attention"
 BLOCK_SIZE = 16
 
 
-def backends() -> dict[str, AttentionBackend]:
-    return {
-        "sdpa": paged_attention,
-        "matmul": cpu_paged_attention,
-        "default": select_attention_backend("cpu")[1],
-    }
+def random_kv_cache(
+    model: CausalDecoder, num_slots: int, spec: ModelSpec
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A KV cache of random K/V rather than a prefilled prompt's: attention costs the same over any
+    values (but not over untouched zero pages, which all map to one page in the cache)."""
+    kv_cache = model.allocate_kv_cache(num_slots, spec.dtype, spec.device)
+    for keys, values in kv_cache:
+        keys.normal_()
+        values.normal_()
+    return kv_cache
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,14 +141,10 @@ def _run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     longest = max(args.context) + max(args.queries)
     blocks_per_seq = -(-longest // BLOCK_SIZE)
     num_slots = max(args.sequences) * blocks_per_seq * BLOCK_SIZE + 1  # + the reserved padding slot
-    # The cached context is random K/V rather than a prefilled prompt's: attention costs the same
-    # over any values (but not over untouched zero pages, which all map to one page in the cache).
-    kv_cache = model.allocate_kv_cache(num_slots, spec.dtype, spec.device)
-    for keys, values in kv_cache:
-        keys.normal_()
-        values.normal_()
+    kv_cache = random_kv_cache(model, num_slots, spec)
     shapes = [(s, c, q) for s in args.sequences for c in args.context for q in args.queries]
-    arms = backends()
+    default_name, default = select_attention_backend("cpu")
+    arms = {"sdpa": paged_attention, "matmul": cpu_paged_attention, "default": default}
     rows: list[dict[str, Any]] = []
     with progress(len(shapes), "attention", args.no_progress) as bar:
         for num_seqs, context, queries in shapes:
@@ -175,7 +175,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     report = envelope(SCHEMA, "bench_attention", argv)
     report.update(
         config={k: v for k, v in vars(args).items() if k not in ("output_dir", "no_plots", "no_progress")},
-        default_backend=select_attention_backend("cpu")[0],
+        default_backend=default_name,
         threads=torch.get_num_threads(),
         results=rows,
     )

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from specserve.benchmarks.bench_attention import random_kv_cache
 from specserve.engine.attention import AttentionMetadata
 from specserve.engine.builder import load_model
 from specserve.engine.config import ModelSpec
@@ -34,10 +35,7 @@ def main() -> None:
     spec = ModelSpec(model_path=None, quantization_encoding="bfloat16")
     model = load_model(spec, None).model.eval()
     blocks_per_seq = 40
-    kv_cache = model.allocate_kv_cache(16 * blocks_per_seq * BLOCK + 1, spec.dtype, spec.device)
-    for keys, values in kv_cache:
-        keys.normal_()
-        values.normal_()
+    kv_cache = random_kv_cache(model, 16 * blocks_per_seq * BLOCK + 1, spec)
     real = AttentionMetadata.merged_short_queries
     arms = {"per group": lambda self, rows: None, "one call": real}
     print(f"{'step':40s} {'per group ms':>13s} {'one call ms':>12s} {'one call / per group':>21s}")

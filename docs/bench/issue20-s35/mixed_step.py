@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from specserve.benchmarks.bench_attention import random_kv_cache
 from specserve.engine.builder import load_model
 from specserve.engine.config import ModelSpec
 from specserve.engine.runner import SequenceInput, forward_sequences
@@ -26,10 +27,7 @@ def main() -> None:
     spec = ModelSpec(model_path=None, quantization_encoding="bfloat16")
     model = load_model(spec, None).model.eval()
     per_seq = 48
-    kv_cache = model.allocate_kv_cache(17 * per_seq * BLOCK + 1, spec.dtype, spec.device)
-    for keys, values in kv_cache:
-        keys.normal_()
-        values.normal_()
+    kv_cache = random_kv_cache(model, 17 * per_seq * BLOCK + 1, spec)
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(16)]
     decodes = [SequenceInput([1], 150 + 20 * i, tables[i], 1) for i in range(15)]
     fresh = SequenceInput([1] * prompt, 0, tables[15], 1)

@@ -283,17 +283,24 @@ static void store_output(Item *it) {
     }
 }
 
+/* 1 when this build's AVX512-BF16 path takes bf16 heads of `dim` values (two 512-bit loads of bf16
+ * pairs per 32 values; at most 256, the query's eight registers in the score pass and the row's sixteen
+ * accumulators in the value pass). The Python side asks this once per head size: the rule lives here only. */
+int paged_decode_vector_head(int64_t dim) {
+#ifdef SPECSERVE_AVX512_BF16
+    return dim > 0 && dim % 32 == 0 && dim <= 256;
+#else
+    (void)dim;
+    return 0;
+#endif
+}
+
 static void attend(Item *it) {
     for (int64_t r = 0; r < item_rows(it); ++r) { /* row j sees n - (q_len - 1 - j) keys */
         const int64_t vis = it->n - (it->q_len - 1 - r % it->q_len);
         it->visible[r] = vis > 0 ? vis : 0; /* none: the row's output is zeros */
     }
-#ifdef SPECSERVE_AVX512_BF16
-    const int vector = it->is_bf16 && it->dim % 32 == 0 && it->dim <= 256;
-#else
-    const int vector = 0;
-#endif
-    if (vector) {
+    if (it->is_bf16 && paged_decode_vector_head(it->dim)) {
 #ifdef SPECSERVE_AVX512_BF16
         key_scores_bf16(it);
         softmax_rows(it);
@@ -359,13 +366,4 @@ int paged_decode(int is_bf16, const void *q, const void *k_cache, const void *v_
         free(scratch);
     }
     return failed ? -1 : 0;
-}
-
-/* 1 when this build has the AVX512-BF16 path (bf16 models with head sizes that are multiples of 32). */
-int paged_decode_vector_bf16(void) {
-#ifdef SPECSERVE_AVX512_BF16
-    return 1;
-#else
-    return 0;
-#endif
 }

@@ -41,9 +41,8 @@ COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c11", "-Wall
 # Linked separately, without -ffast-math or -march: gcc 12 links crtfastmath.o into a shared library
 # built with -ffast-math, which sets flush-to-zero for the whole process (torch's maths included).
 LINK_FLAGS = ("-shared", "-fopenmp")
-# Every head size the bf16 vector path takes is a multiple of this (two 512-bit loads of bf16 pairs).
-_VECTOR_HEAD_MULTIPLE = 32
-_VECTOR_HEAD_MAX = 256
+# Head sizes asked of the library at load (paged_decode_vector_head): every size a model may have.
+_HEAD_SIZES_ASKED = range(1, 1025)
 _BUILD_SECONDS = 120
 
 
@@ -54,8 +53,13 @@ class KernelBuildError(RuntimeError):
 @dataclass(frozen=True)
 class PagedDecodeKernel:
     path: Path  # the loaded shared library
-    vector_bf16: bool  # compiled with the AVX512-BF16 path
+    vector_heads: frozenset[int]  # head sizes the AVX512-BF16 path takes (empty: not compiled in)
     function: Callable[..., int]  # paged_decode in the library (ctypes, argtypes set)
+
+    @property
+    def vector_bf16(self) -> bool:
+        """Compiled with the AVX512-BF16 path."""
+        return bool(self.vector_heads)
 
     def supports(self, dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int) -> bool:
         """float32 always; bf16 where the vector path takes the head size. Elsewhere (bf16 without
@@ -64,12 +68,7 @@ class PagedDecodeKernel:
             return False
         if dtype == torch.float32:
             return True
-        return (
-            dtype == torch.bfloat16
-            and self.vector_bf16
-            and head_dim % _VECTOR_HEAD_MULTIPLE == 0
-            and head_dim <= _VECTOR_HEAD_MAX
-        )
+        return dtype == torch.bfloat16 and head_dim in self.vector_heads
 
     def __call__(
         self,
@@ -143,9 +142,11 @@ def build_paged_decode(
     function.argtypes = (
         [ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int]
     )
-    vector = library.paged_decode_vector_bf16
-    vector.restype = ctypes.c_int
-    return PagedDecodeKernel(path=target, vector_bf16=bool(vector()), function=function)
+    vector_head = library.paged_decode_vector_head
+    vector_head.restype = ctypes.c_int
+    vector_head.argtypes = [ctypes.c_int64]
+    heads = frozenset(d for d in _HEAD_SIZES_ASKED if vector_head(d))
+    return PagedDecodeKernel(path=target, vector_heads=heads, function=function)
 
 
 def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> None:

@@ -29,7 +29,7 @@ def kernel(tmp_path_factory) -> PagedDecodeKernel:
 @pytest.fixture(scope="module")
 def generic_kernel(tmp_path_factory) -> PagedDecodeKernel:
     built = build_paged_decode(tmp_path_factory.mktemp("generic"), defines=("SPECSERVE_GENERIC",))
-    assert not built.vector_bf16
+    assert not built.vector_bf16 and not built.vector_heads
     return built
 
 
@@ -190,6 +190,9 @@ def test_the_backend_leaves_what_the_kernel_does_not_take_to_the_torch_paths(ker
     assert not kernel.supports(torch.bfloat16, torch.float32, 64)
     assert not kernel.supports(torch.bfloat16, torch.bfloat16, 48)
     assert kernel.supports(torch.bfloat16, torch.bfloat16, 64) == kernel.vector_bf16
+    # The library says which heads its vector path takes: multiples of 32 up to 256, where compiled in.
+    assert kernel.vector_heads in (frozenset(), frozenset(range(32, 257, 32)))
+    assert not kernel.supports(torch.bfloat16, torch.bfloat16, 288)
     step = _step([40, 33], [40, 90], 4, 2, 64, torch.float32, seed=6)  # a prompt and a chunk: SDPA
     torch.testing.assert_close(
         _attend(kernel_paged_attention(kernel), step, 0.125), _attend(cpu_paged_attention, step, 0.125)

@@ -62,7 +62,8 @@ typedef struct {
     float *acc;       /* [rows, D] */
     float *row;       /* [D] */
     float *scores;    /* [rows, n] */
-    bf16 *work;       /* [(n + 1) * D + n + 2] the vector path's interleaved values and probabilities */
+    bf16 *work;       /* [(n + 1) * D + 2 (n + 2)] the vector path's interleaved values, two rows' probabilities */
+    void *kt;         /* [D / 2] 64-byte vectors: the vector path's transposed block of sixteen keys */
 } Item;
 
 static inline int64_t item_rows(const Item *it) { return (it->h1 - it->h0) * it->group * it->q_len; }
@@ -112,46 +113,68 @@ static void key_scores_generic(Item *it) {
 }
 
 #ifdef SPECSERVE_AVX512_BF16
-/* Lane u of the result: the sum of a[u]'s lanes. A transposing tree of 15 adds, where sixteen
- * separate horizontal sums take ~8 instructions each. */
-static inline __m512 sum16(const __m512 a[16]) {
-    __m512 b[8], c[4], d[2];
-    for (int i = 0; i < 8; ++i) /* per 128-bit lane: x0+x2, y0+y2, x1+x3, y1+y3 of the pair (x, y) */
-        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-    for (int i = 0; i < 4; ++i) { /* per 128-bit lane: four vectors' sums over that lane */
-        const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
-        c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+/* Sixteen keys of one KV head as [dim / 2] vectors, lane u of vector c holding elements 2c and 2c + 1
+ * of key u: the block's rows transposed sixteen pairs at a time (unpack 32- and 64-bit elements within
+ * 128-bit lanes, then the 4 x 4 blocks of 128 bits). Keys past `count` are zeros. */
+static void transpose_keys(const bf16 *const keys[16], int64_t count, int64_t dim, __m512i *kt) {
+    for (int64_t c0 = 0; c0 < dim / 2; c0 += 16) { /* pairs c0 .. c0 + 15 of every key */
+        __m512i in[16], a[16], b[16];
+        for (int64_t u = 0; u < 16; ++u)
+            in[u] = u < count ? _mm512_loadu_si512(keys[u] + 2 * c0) : _mm512_setzero_si512();
+        for (int i = 0; i < 8; ++i) {
+            a[2 * i] = _mm512_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
+            a[2 * i + 1] = _mm512_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
+        }
+        for (int i = 0; i < 4; ++i) { /* b[4i + m], 128-bit lane L: keys 4i .. 4i + 3, pair 4L + m */
+            b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+            b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+            b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+            b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+        }
+        for (int m = 0; m < 4; ++m) {
+            const __m512i c0m = _mm512_shuffle_i32x4(b[m], b[4 + m], 0x44), c1m = _mm512_shuffle_i32x4(b[m], b[4 + m], 0xee);
+            const __m512i c2m = _mm512_shuffle_i32x4(b[8 + m], b[12 + m], 0x44);
+            const __m512i c3m = _mm512_shuffle_i32x4(b[8 + m], b[12 + m], 0xee);
+            kt[c0 + m] = _mm512_shuffle_i32x4(c0m, c2m, 0x88);
+            kt[c0 + 4 + m] = _mm512_shuffle_i32x4(c0m, c2m, 0xdd);
+            kt[c0 + 8 + m] = _mm512_shuffle_i32x4(c1m, c3m, 0x88);
+            kt[c0 + 12 + m] = _mm512_shuffle_i32x4(c1m, c3m, 0xdd);
+        }
     }
-    for (int i = 0; i < 2; ++i) /* 128-bit lanes 0+1 and 2+3 of eight vectors */
-        d[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xdd));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], 0x88), _mm512_shuffle_f32x4(d[0], d[1], 0xdd));
 }
 
-/* Sixteen keys at a time: each row's bf16 query against the keys' bf16 rows, pairs of products summed
- * in float32 (the query is not rounded again: the scale multiplies the float scores). */
+/* One row's scores against a transposed block: its query's bf16 pairs broadcast against the keys' pairs,
+ * in four partial sums (pairs c mod 4) added at the end. The same operations for every row, whatever
+ * else the call holds: a decode alone and the same row in a window or a batch agree bitwise. */
+static inline __m512 row_scores(const __m512i *kt, const bf16 *query, int64_t dim) {
+    __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t c = 0; c < dim / 2; c += 4)
+        for (int j = 0; j < 4; ++j) {
+            uint32_t pair;
+            memcpy(&pair, query + 2 * (c + j), sizeof pair);
+            s[j] = _mm512_dpbf16_ps(s[j], (__m512bh)kt[c + j], (__m512bh)_mm512_set1_epi32((int)pair));
+        }
+    return _mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3]));
+}
+
+/* Sixteen keys at a time with the keys as lanes: each block transposed once per KV head (the cost is
+ * shared by the head's rows: its query heads x the window's rows), then dim / 2 products per row and
+ * key and no horizontal sums. The query is not rounded again: the scale multiplies the float scores. */
 static void key_scores_bf16(Item *it) {
-    const int64_t per_kv_head = it->group * it->q_len, chunks = it->dim / 32;
+    const int64_t per_kv_head = it->group * it->q_len, dim = it->dim;
     const __m512 scale = _mm512_set1_ps(it->scale);
     const bf16 *q = it->q, *k_cache = it->k_cache, *keys[16];
+    __m512i *kt = it->kt;
     for (int64_t t0 = 0; t0 < it->n; t0 += 16) {
         const int64_t count = it->n - t0 < 16 ? it->n - t0 : 16;
+        const __mmask16 live = (__mmask16)((1u << count) - 1u);
         for (int64_t kh = it->h0; kh < it->h1; ++kh) {
-            for (int64_t u = 0; u < count; ++u) keys[u] = k_cache + cache_row(it, t0 + u, kh) * it->dim;
+            for (int64_t u = 0; u < count; ++u) keys[u] = k_cache + cache_row(it, t0 + u, kh) * dim;
+            transpose_keys(keys, count, dim, kt);
             const int64_t r0 = (kh - it->h0) * per_kv_head;
-            for (int64_t r = r0; r < r0 + per_kv_head; ++r) {
-                const bf16 *qr = q + query_row(it, r) * it->dim;
-                __m512i qv[8];
-                for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm512_loadu_si512(qr + 32 * c);
-                __m512 acc[16];
-                for (int64_t u = 0; u < 16; ++u) {
-                    acc[u] = _mm512_setzero_ps();
-                    for (int64_t c = 0; u < count && c < chunks; ++c)
-                        acc[u] = _mm512_dpbf16_ps(acc[u], (__m512bh)qv[c], (__m512bh)_mm512_loadu_si512(keys[u] + 32 * c));
-                }
-                _mm512_mask_storeu_ps(it->scores + r * it->n + t0, (__mmask16)((1u << count) - 1u),
-                                      _mm512_mul_ps(sum16(acc), scale));
-            }
+            for (int64_t r = r0; r < r0 + per_kv_head; ++r)
+                _mm512_mask_storeu_ps(it->scores + r * it->n + t0, live,
+                                      _mm512_mul_ps(row_scores(kt, q + query_row(it, r) * dim, dim), scale));
         }
     }
 }
@@ -173,12 +196,41 @@ static inline __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+/* Row r's probabilities rounded to bf16 into probs [n + 2], zero after its last visible key (the
+ * second key of an odd last pair weighs nothing). */
+static void row_probabilities(const Item *it, int64_t r, bf16 *probs) {
+    const float *sr = it->scores + r * it->n;
+    const int64_t vis = it->visible[r];
+    int64_t t = 0;
+    for (; t + 16 <= vis; t += 16)
+        _mm256_storeu_si256((__m256i *)(probs + t), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(sr + t)));
+    for (; t < vis; ++t) probs[t] = float_to_bf16(sr[t]);
+    probs[vis] = 0;
+}
+
+/* acc row r = its probabilities . the interleaved values, pairs of keys at a time, sums in float32. */
+static void value_row(Item *it, int64_t r, const bf16 *interleaved, bf16 *probs) {
+    const int64_t dim = it->dim, vis = it->visible[r];
+    row_probabilities(it, r, probs);
+    __m512 sum[16];
+    for (int64_t e = 0; e < dim / 16; ++e) sum[e] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < (vis + 1) / 2; ++p) {
+        uint32_t two;
+        memcpy(&two, probs + 2 * p, sizeof two);
+        const __m512bh w = (__m512bh)_mm512_set1_epi32((int)two);
+        const bf16 *src = interleaved + p * 2 * dim;
+        for (int64_t e = 0; e < dim / 16; ++e)
+            sum[e] = _mm512_dpbf16_ps(sum[e], w, (__m512bh)_mm512_loadu_si512(src + 32 * e));
+    }
+    for (int64_t e = 0; e < dim / 16; ++e) _mm512_storeu_ps(it->acc + r * dim + 16 * e, sum[e]);
+}
+
 /* Pairs of keys at a time: each KV head's value rows interleaved once (element i of keys t and t + 1
  * side by side), each row's probabilities rounded to bf16 and taken two by two, sums in float32. */
 static void weighted_values_bf16(Item *it) {
     const int64_t per_kv_head = it->group * it->q_len, dim = it->dim, pairs = (it->n + 1) / 2;
     const bf16 *v_cache = it->v_cache;
-    bf16 *interleaved = it->work, *probs = interleaved + pairs * 2 * dim; /* [pairs, D, 2], [n + 1] */
+    bf16 *interleaved = it->work, *probs = interleaved + pairs * 2 * dim; /* [pairs, D, 2], 2 x [n + 2] */
     int16_t lo[32], hi[32];
     for (int k = 0; k < 32; ++k) { /* lane k: element k / 2 (+ 16) of the first key (k even) or the second */
         lo[k] = (int16_t)((k / 2) | (k & 1 ? 32 : 0));
@@ -197,27 +249,39 @@ static void weighted_values_bf16(Item *it) {
                 _mm512_storeu_si512(dst + 64 * c + 32, _mm512_permutex2var_epi16(a, hi_index, b));
             }
         }
-        const int64_t r0 = (kh - it->h0) * per_kv_head;
-        for (int64_t r = r0; r < r0 + per_kv_head; ++r) {
-            const float *sr = it->scores + r * it->n;
-            const int64_t vis = it->visible[r];
-            int64_t t = 0;
-            for (; t + 16 <= vis; t += 16)
-                _mm256_storeu_si256((__m256i *)(probs + t), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(sr + t)));
-            for (; t < vis; ++t) probs[t] = float_to_bf16(sr[t]);
-            probs[vis] = 0; /* the second key of an odd last pair weighs nothing */
-            __m512 sum[16];
-            for (int64_t e = 0; e < dim / 16; ++e) sum[e] = _mm512_setzero_ps();
-            for (int64_t p = 0; p < (vis + 1) / 2; ++p) {
-                uint32_t two;
-                memcpy(&two, probs + 2 * p, sizeof two);
-                const __m512bh w = (__m512bh)_mm512_set1_epi32((int)two);
-                const bf16 *src = interleaved + p * 2 * dim;
-                for (int64_t e = 0; e < dim / 16; ++e)
-                    sum[e] = _mm512_dpbf16_ps(sum[e], w, (__m512bh)_mm512_loadu_si512(src + 32 * e));
+        /* Rows (head, j) and (head + 1, j) see the same keys: up to a head size of 128 two rows share
+         * each value load (twice the independent sums in flight), each row's sums as alone. */
+        const int64_t r0 = (kh - it->h0) * per_kv_head, step = dim <= 128 ? 2 : 1;
+        for (int64_t h = 0; h < it->group; h += step)
+            for (int64_t j = 0; j < it->q_len; ++j) {
+                const int64_t ra = r0 + h * it->q_len + j, rb = h + 1 < it->group && step == 2 ? ra + it->q_len : -1;
+                if (rb < 0) {
+                    value_row(it, ra, interleaved, probs);
+                    continue;
+                }
+                const int64_t vis = it->visible[ra];
+                bf16 *pa = probs, *pb = probs + it->n + 2;
+                row_probabilities(it, ra, pa);
+                row_probabilities(it, rb, pb);
+                __m512 sa[8], sb[8];
+                for (int64_t e = 0; e < dim / 16; ++e) sa[e] = sb[e] = _mm512_setzero_ps();
+                for (int64_t p = 0; p < (vis + 1) / 2; ++p) {
+                    uint32_t two_a, two_b;
+                    memcpy(&two_a, pa + 2 * p, sizeof two_a);
+                    memcpy(&two_b, pb + 2 * p, sizeof two_b);
+                    const __m512bh wa = (__m512bh)_mm512_set1_epi32((int)two_a), wb = (__m512bh)_mm512_set1_epi32((int)two_b);
+                    const bf16 *src = interleaved + p * 2 * dim;
+                    for (int64_t e = 0; e < dim / 16; ++e) {
+                        const __m512bh v = (__m512bh)_mm512_loadu_si512(src + 32 * e);
+                        sa[e] = _mm512_dpbf16_ps(sa[e], wa, v);
+                        sb[e] = _mm512_dpbf16_ps(sb[e], wb, v);
+                    }
+                }
+                for (int64_t e = 0; e < dim / 16; ++e) {
+                    _mm512_storeu_ps(it->acc + ra * dim + 16 * e, sa[e]);
+                    _mm512_storeu_ps(it->acc + rb * dim + 16 * e, sb[e]);
+                }
             }
-            for (int64_t e = 0; e < dim / 16; ++e) _mm512_storeu_ps(it->acc + r * dim + 16 * e, sum[e]);
-        }
     }
 }
 #endif
@@ -316,8 +380,8 @@ static void attend(Item *it) {
 
 /* Bytes of scratch an item with `rows` rows and `n` keys needs (see Item), 64-byte aligned parts. */
 static size_t scratch_bytes(int64_t rows, int64_t n, int64_t dim) {
-    const size_t floats = (size_t)(2 * rows * dim + dim + rows * n), halves = (size_t)((n + 1) * dim + n + 2);
-    return (size_t)rows * sizeof(int64_t) + floats * sizeof(float) + halves * sizeof(bf16) + 6 * 64;
+    const size_t floats = (size_t)(2 * rows * dim + dim + rows * n), halves = (size_t)((n + 1) * dim + 2 * (n + 2));
+    return (size_t)rows * sizeof(int64_t) + floats * sizeof(float) + halves * sizeof(bf16) + (size_t)dim * 32 + 7 * 64;
 }
 
 static char *carve(char **cursor, size_t bytes) {
@@ -352,7 +416,7 @@ int paged_decode(int is_bf16, const void *q, const void *k_cache, const void *v_
             const int64_t s = i / split, *info = seq_info + 4 * s;
             Item it = {is_bf16, q, k_cache, v_cache, out, slots + s * max_c, info[0], info[1], info[3],
                        info[2] - info[3], (i % split) * per_item, (i % split + 1) * per_item, heads, kv_heads,
-                       group, dim, scale, NULL, NULL, NULL, NULL, NULL, NULL};
+                       group, dim, scale, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
             const int64_t rows = item_rows(&it);
             char *cursor = scratch;
             it.visible = (int64_t *)carve(&cursor, (size_t)rows * sizeof(int64_t));
@@ -360,7 +424,8 @@ int paged_decode(int is_bf16, const void *q, const void *k_cache, const void *v_
             it.acc = (float *)carve(&cursor, (size_t)(rows * dim) * sizeof(float));
             it.row = (float *)carve(&cursor, (size_t)dim * sizeof(float));
             it.scores = (float *)carve(&cursor, (size_t)(rows * it.n) * sizeof(float));
-            it.work = (bf16 *)carve(&cursor, (size_t)((it.n + 1) * dim + it.n + 2) * sizeof(bf16));
+            it.work = (bf16 *)carve(&cursor, (size_t)((it.n + 1) * dim + 2 * (it.n + 2)) * sizeof(bf16));
+            it.kt = carve(&cursor, (size_t)dim * 32); /* dim / 2 vectors of 64 bytes */
             attend(&it);
         }
         free(scratch);

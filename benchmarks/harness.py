@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,23 @@ def rounds(
             rep, index = (o, i) if repeats_outer else (i, o)
             last = n == len(inner) - 1
             yield Round(rep, index, items[index], rotation(arms, rep + index), last)
+
+
+def alternated_seconds(
+    arms: Mapping[str, Callable[[], object]], repeats: int, warmup: int = 1
+) -> dict[str, list[float]]:
+    """Wall seconds of each arm's call over `repeats` rounds, after `warmup` rounds that are dropped;
+    every round calls each arm once, in reversed order every other round, so a slow spell of the
+    machine lands on all arms of a round rather than on all repeats of one arm."""
+    names = list(arms)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(warmup + repeats):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            start = time.perf_counter()
+            arms[name]()
+            if rep >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return times
 
 
 def keyed(rows: Iterable[Mapping[str, Any]], value: str, *keys: str) -> dict[Hashable, Any]:

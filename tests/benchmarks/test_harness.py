@@ -88,3 +88,11 @@ def test_write_report_writes_json_markdown_and_links_plots(tmp_path: Path):
     assert (tmp_path / "k.md").read_text() == "# k\n\n![k](k.png)\n"
     harness.write_report(report, tmp_path, "k", markdown, plot, plots=False)
     assert report["files"]["plots"] == [] and "![" not in (tmp_path / "k.md").read_text()
+
+
+def test_alternated_seconds_reverses_the_order_every_other_round_and_drops_the_warmup():
+    calls: list[str] = []
+    arms = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
+    times = harness.alternated_seconds(arms, repeats=3, warmup=2)
+    assert calls == ["a", "b", "c", "c", "b", "a", "a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    assert {name: len(t) for name, t in times.items()} == {"a": 3, "b": 3, "c": 3}

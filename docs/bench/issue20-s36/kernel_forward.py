@@ -7,9 +7,10 @@ worker thread (as served), contexts spread as `bench_attention --context-spread 
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
-import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernel_kpass import build, old_source  # noqa: E402
 
 from specserve.benchmarks.bench_attention import contexts_of, random_kv_cache  # noqa: E402
+from specserve.benchmarks.harness import alternated_seconds  # noqa: E402
 from specserve.engine import paged_decode_kernel  # noqa: E402
 from specserve.engine.attention import kernel_paged_attention  # noqa: E402
 from specserve.engine.builder import load_model  # noqa: E402
@@ -50,16 +52,16 @@ def main() -> None:
             SequenceInput([1] * rows, c, t, rows)
             for t, c in zip(tables, contexts_of(num_seqs, CONTEXT, 0.8), strict=True)
         ]
-        times: dict[str, list[float]] = {name: [] for name in arms}
-        for rep in range(repeats + 1):  # the first round warms up
-            for name in list(arms) if rep % 2 == 0 else list(reversed(arms)):
-                for module in model.modules():
-                    if hasattr(module, "attention_backend"):
-                        module.attention_backend = arms[name]
-                start = time.perf_counter()
-                forward_sequences(model, kv_cache, seqs, BLOCK)
-                if rep:
-                    times[name].append(time.perf_counter() - start)
+
+        def forward_with(backend: Callable[..., torch.Tensor], seqs: list[SequenceInput] = seqs) -> None:
+            for module in model.modules():
+                if hasattr(module, "attention_backend"):
+                    module.attention_backend = backend
+            forward_sequences(model, kv_cache, seqs, BLOCK)
+
+        times = alternated_seconds(
+            {name: functools.partial(forward_with, arm) for name, arm in arms.items()}, repeats
+        )
         ratio = statistics.median(n / o for n, o in zip(times["new"], times["old"], strict=True))
         o, n = (statistics.median(times[name]) * 1e3 for name in ("old", "new"))
         print(f"{num_seqs:>8d} x {rows:<7d} {o:8.2f} {n:8.2f} {ratio:7.3f}x")

@@ -9,12 +9,12 @@ the thirty-fifth session's `decode_kernel.py`; and each version's distance from 
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "issue20-s35"))
 from decode_kernel import SHAPES, make_step  # noqa: E402
 
+from specserve.benchmarks.harness import alternated_seconds  # noqa: E402
 from specserve.engine import paged_decode_kernel  # noqa: E402
 from specserve.engine.attention import cpu_paged_attention, kernel_paged_attention  # noqa: E402
 
@@ -64,13 +65,8 @@ def main() -> None:
     print(f"{'shape (bf16)':28s} {'old us':>8s} {'new us':>8s} {'new/old':>8s}")
     for label, sequences, contexts, q_len, heads, kv_heads, dim in SHAPES:
         step = make_step(sequences, contexts, q_len, heads, kv_heads, dim, torch.bfloat16, rng)
-        times: dict[str, list[float]] = {name: [] for name in arms}
-        for rep in range(repeats + 2):  # two warm-up rounds dropped
-            for name in list(arms) if rep % 2 == 0 else list(reversed(arms)):
-                start = time.perf_counter()
-                arms[name](*step, dim**-0.5)
-                if rep >= 2:
-                    times[name].append(time.perf_counter() - start)
+        calls = {name: functools.partial(arm, *step, dim**-0.5) for name, arm in arms.items()}
+        times = alternated_seconds(calls, repeats, warmup=2)
         ratio = statistics.median(a / b for a, b in zip(times["new"], times["old"], strict=True))
         o, n = (statistics.median(times[name]) * 1e6 for name in ("old", "new"))
         print(f"{label:28s} {o:8.1f} {n:8.1f} {ratio:7.2f}x")

@@ -123,11 +123,12 @@ def test_a_first_visible_position_hides_the_keys_before_it(kernel):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_a_rows_output_does_not_depend_on_the_rest_of_the_batch(kernel, dtype):
+@pytest.mark.parametrize("heads, kv_heads", [(9, 3), (4, 4)])  # bf16 scores: keys as lanes; row by row (MHA)
+def test_a_rows_output_does_not_depend_on_the_rest_of_the_batch(kernel, dtype, heads, kv_heads):
     """Each row reads its own context in the same order whatever else the step holds: a sequence's
     decode alone, among seven others, and the same position as a window's last row are bitwise equal."""
     q_lens, c_lens = [1] * 8, [333, 20, 515, 64, 128, 1, 250, 400]
-    q, k, v, k_cache, v_cache, meta = _step(q_lens, c_lens, 9, 3, 64, dtype, seed=4)
+    q, k, v, k_cache, v_cache, meta = _step(q_lens, c_lens, heads, kv_heads, 64, dtype, seed=4)
     backend = kernel_paged_attention(kernel)
     together = backend(q, k, v, k_cache, v_cache, meta, 0.125)  # writes every sequence's new K/V
     for i in (0, 2, 7):

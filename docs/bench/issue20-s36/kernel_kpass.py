@@ -5,6 +5,9 @@ against it: no horizontal sums). One layer's bf16 attention, alternated in one p
 the thirty-fifth session's `decode_kernel.py`; and each version's distance from a float64 answer.
 
     python kernel_kpass.py [REPEATS] [OLD_COMMIT]   # default 40 timed calls, old source from 2571468
+
+(results/kernel_kpass.txt: against 2571468, before the MHA shapes were added. kernel_kpass-mha-rows-tried.txt:
+b867b9f against a trial source that scored MHA models row by row again, as 2571468 did; not kept.)
 """
 
 from __future__ import annotations
@@ -20,11 +23,21 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "issue20-s35"))
-from decode_kernel import SHAPES, make_step  # noqa: E402
+from decode_kernel import SHAPES as S35_SHAPES  # noqa: E402
+from decode_kernel import make_step  # noqa: E402
 
 from specserve.benchmarks.harness import alternated_seconds  # noqa: E402
 from specserve.engine import paged_decode_kernel  # noqa: E402
 from specserve.engine.attention import cpu_paged_attention, kernel_paged_attention  # noqa: E402
+
+# The thirty-fifth session's shapes and a model with one query head per KV head (SmolLM2-1.7B's layout:
+# 32 heads of 64), where a decode's KV head has a single row to share its transposed block with.
+SHAPES = [
+    *S35_SHAPES,
+    ("MHA 32x64, 1 decode", 1, (400, 400), 1, 32, 32, 64),
+    ("MHA 32x64, 8 decodes", 8, (100, 600), 1, 32, 32, 64),
+    ("MHA 32x64, 1 window of 6", 1, (500, 500), 6, 32, 32, 64),
+]
 
 
 def build(source: Path, cache: Path) -> paged_decode_kernel.PagedDecodeKernel:

@@ -481,11 +481,7 @@ def kernel_paged_attention(kernel: PagedDecodeKernel) -> AttentionBackend:
         meta: AttentionMetadata,  # one group
         scale: float,
     ) -> torch.Tensor:  # [T, H * D]
-        if (
-            meta.query_index.shape[1] > SMALL_QUERY_ROWS
-            or meta.seq_info is None
-            or not kernel.supports(q.dtype, k_cache.dtype, q.shape[-1])
-        ):
+        if meta.query_index.shape[1] > SMALL_QUERY_ROWS or meta.seq_info is None:
             return _cpu_group_attention(q, k, v, k_cache, v_cache, meta, scale)
         _write_new_kv(k, v, k_cache, v_cache, meta)
         return kernel(q, k_cache, v_cache, meta.seq_info, meta.context_slots, scale)
@@ -499,10 +495,12 @@ def kernel_paged_attention(kernel: PagedDecodeKernel) -> AttentionBackend:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:  # [T, H * D]
+        if not kernel.supports(q.dtype, k_cache.dtype, q.shape[-1]):  # the model's, for every group
+            return cpu_paged_attention(q, k, v, k_cache, v_cache, meta, scale)
         # Decodes beside verification windows are grouped for the padded paths; the kernel pads
         # nothing, so it takes them in one call, in the batch's order (no gathers, one call a layer).
         merged = meta.merged_short_queries(SMALL_QUERY_ROWS) if meta.groups else None
-        if merged is not None and kernel.supports(q.dtype, k_cache.dtype, q.shape[-1]):
+        if merged is not None:
             _write_new_kv(k, v, k_cache, v_cache, merged)
             assert merged.seq_info is not None
             return kernel(q, k_cache, v_cache, merged.seq_info, merged.context_slots, scale)

@@ -14,9 +14,9 @@ context, as requests that started apart have: the padded paths attend every sequ
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from specserve.engine.runner import SequenceInput, forward_sequences
 from .common import fmt, md_table, progress
 from .harness import (
     add_output_args,
+    alternated_seconds,
     envelope,
     int_list,
     markdown_document,
@@ -107,19 +108,10 @@ def contexts_of(num_seqs: int, context: int, spread: float) -> list[int]:
     return [round(context - width * (num_seqs - 1 - i) / max(num_seqs - 1, 1)) for i in range(num_seqs)]
 
 
-def _forward_seconds(
-    model: CausalDecoder,
-    kv_cache: list[tuple[torch.Tensor, torch.Tensor]],
-    tables: list[list[int]],
-    contexts: list[int],
-    queries: int,
-) -> float:
-    seqs = [
+def _sequences(tables: list[list[int]], contexts: list[int], queries: int) -> list[SequenceInput]:
+    return [
         SequenceInput([1] * queries, c, table, queries) for table, c in zip(tables, contexts, strict=True)
     ]
-    start = time.perf_counter()
-    forward_sequences(model, kv_cache, seqs, BLOCK_SIZE)
-    return time.perf_counter() - start
 
 
 def _use(model: CausalDecoder, backend: AttentionBackend) -> None:
@@ -150,14 +142,15 @@ def _run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         for num_seqs, context, queries in shapes:
             tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(num_seqs)]
             contexts = contexts_of(num_seqs, context, args.context_spread)
-            times: dict[str, list[float]] = {name: [] for name in arms}
-            for rep in range(args.repeats + 1):  # the first round warms up and is dropped
-                order = list(arms) if rep % 2 == 0 else list(reversed(arms))
-                for name in order:
-                    _use(model, arms[name])
-                    seconds = _forward_seconds(model, kv_cache, tables, contexts, queries)
-                    if rep > 0:
-                        times[name].append(seconds)
+            forward = functools.partial(
+                forward_sequences, model, kv_cache, _sequences(tables, contexts, queries), BLOCK_SIZE
+            )
+            # One warm-up round, dropped; each arm's backend switched in untimed before its forward.
+            times = alternated_seconds(
+                {name: forward for name in arms},
+                args.repeats,
+                prepare=lambda name: _use(model, arms[name]),
+            )
             row: dict[str, Any] = {
                 "sequences": num_seqs,
                 "context": context,

@@ -74,15 +74,21 @@ def rounds(
 
 
 def alternated_seconds(
-    arms: Mapping[str, Callable[[], object]], repeats: int, warmup: int = 1
+    arms: Mapping[str, Callable[[], object]],
+    repeats: int,
+    warmup: int = 1,
+    prepare: Callable[[str], object] | None = None,
 ) -> dict[str, list[float]]:
     """Wall seconds of each arm's call over `repeats` rounds, after `warmup` rounds that are dropped;
     every round calls each arm once, in reversed order every other round, so a slow spell of the
-    machine lands on all arms of a round rather than on all repeats of one arm."""
+    machine lands on all arms of a round rather than on all repeats of one arm. `prepare(name)` runs
+    untimed before each call (e.g. switching a model's attention backend to the arm's)."""
     names = list(arms)
     times: dict[str, list[float]] = {name: [] for name in names}
     for rep in range(warmup + repeats):
         for name in names if rep % 2 == 0 else names[::-1]:
+            if prepare is not None:
+                prepare(name)
             start = time.perf_counter()
             arms[name]()
             if rep >= warmup:

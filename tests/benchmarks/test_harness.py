@@ -96,3 +96,12 @@ def test_alternated_seconds_reverses_the_order_every_other_round_and_drops_the_w
     times = harness.alternated_seconds(arms, repeats=3, warmup=2)
     assert calls == ["a", "b", "c", "c", "b", "a", "a", "b", "c", "c", "b", "a", "a", "b", "c"]
     assert {name: len(t) for name, t in times.items()} == {"a": 3, "b": 3, "c": 3}
+
+
+def test_alternated_seconds_prepares_each_arm_untimed_before_its_call():
+    calls: list[str] = []
+    arms = {name: (lambda name=name: calls.append(name)) for name in ("a", "b")}
+    harness.alternated_seconds(
+        arms, repeats=1, warmup=1, prepare=lambda name: calls.append(f"prepare {name}")
+    )
+    assert calls == ["prepare a", "a", "prepare b", "b", "prepare b", "b", "prepare a", "a"]

@@ -32,6 +32,13 @@ CONTEXT = 512
 SHAPES = [(1, 1), (4, 1), (8, 1), (16, 1), (32, 1), (1, 9), (4, 4), (8, 4), (16, 4)]  # (sequences, rows)
 
 
+def use_backend(model: torch.nn.Module, arms: dict[str, Callable[..., torch.Tensor]], name: str) -> None:
+    """Switch every attention layer of `model` to arm `name`'s backend (untimed, before its forward)."""
+    for module in model.modules():
+        if hasattr(module, "attention_backend"):
+            module.attention_backend = arms[name]
+
+
 def main() -> None:
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 10
     model_path = sys.argv[2] if len(sys.argv) > 2 else None
@@ -52,15 +59,9 @@ def main() -> None:
             SequenceInput([1] * rows, c, t, rows)
             for t, c in zip(tables, contexts_of(num_seqs, CONTEXT, 0.8), strict=True)
         ]
-
-        def forward_with(backend: Callable[..., torch.Tensor], seqs: list[SequenceInput] = seqs) -> None:
-            for module in model.modules():
-                if hasattr(module, "attention_backend"):
-                    module.attention_backend = backend
-            forward_sequences(model, kv_cache, seqs, BLOCK)
-
+        forward = functools.partial(forward_sequences, model, kv_cache, seqs, BLOCK)
         times = alternated_seconds(
-            {name: functools.partial(forward_with, arm) for name, arm in arms.items()}, repeats
+            {name: forward for name in arms}, repeats, prepare=functools.partial(use_backend, model, arms)
         )
         ratio = statistics.median(n / o for n, o in zip(times["new"], times["old"], strict=True))
         o, n = (statistics.median(times[name]) * 1e3 for name in ("old", "new"))

@@ -1,5 +1,5 @@
-"""The C paged-decode kernel (engine/paged_decode.c): built with the machine's C compiler at first use,
-cached by source, flags, compiler and CPU, loaded with ctypes.
+"""The C paged-decode kernel (engine/paged_decode.c): built with the machine's C compiler at first use
+(engine/c_library.py), loaded with ctypes.
 
 Why our own kernel: decodes and verification windows attend a few query rows each against their own
 context in the paged cache. torch has no paged attention for the CPU, so the matmul path gathers every
@@ -11,9 +11,7 @@ windows; mean distance from a float64 answer 0.21-0.33x the matmul path's. A who
 forward of 4-32 sequences 1.23-1.44x faster (bench_attention). vLLM's CPU backend does the same with its
 own C++ kernels; there is no maintained library that attends over our cache layout.
 
-Why gcc at run time rather than a compiled wheel: `pip install -e .` stays pure Python (no build
-isolation pulling a second torch), and -march=native gets the machine's vector instructions. Where no
-compiler is found or the build fails, `default_paged_decode` logs one warning and returns None, and
+Where no compiler is found or the build fails, `default_paged_decode` logs one warning and returns None, and
 attention keeps the torch path. `SPECSERVE_PAGED_DECODE=0` turns the kernel off (A/B runs).
 """
 
@@ -21,33 +19,23 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from .c_library import KernelBuildError, build_library
+
+__all__ = ["KernelBuildError", "PagedDecodeKernel", "build_paged_decode", "default_paged_decode"]
+
 logger = logging.getLogger("specserve.engine")
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
-COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c11", "-Wall")
-# Linked separately, without -ffast-math or -march: gcc 12 links crtfastmath.o into a shared library
-# built with -ffast-math, which sets flush-to-zero for the whole process (torch's maths included).
-LINK_FLAGS = ("-shared", "-fopenmp")
 # Head sizes asked of the library at load (paged_decode_vector_head): every size a model may have.
 _HEAD_SIZES_ASKED = range(1, 1025)
-_BUILD_SECONDS = 120
-
-
-class KernelBuildError(RuntimeError):
-    """The kernel could not be compiled or loaded (no compiler, a compile error, an unloadable file)."""
 
 
 @dataclass(frozen=True)
@@ -103,40 +91,12 @@ class PagedDecodeKernel:
         return out.view(num_tokens, heads * dim)
 
 
-def _cpu_identity() -> str:
-    """What -march=native depends on: the CPU's model and feature flags."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor() or platform.machine()
-    wanted = [line for line in lines if line.startswith(("model name", "flags", "Features"))]
-    return "\n".join(dict.fromkeys(wanted))
-
-
 def build_paged_decode(
     cache_dir: Path, compiler: str = "gcc", defines: tuple[str, ...] = ()
 ) -> PagedDecodeKernel:
     """Compile (or reuse) the kernel under `cache_dir`/kernels and load it. `defines` are extra -D
     macros (SPECSERVE_GENERIC builds the plain loops only). Raises KernelBuildError."""
-    found = shutil.which(compiler)
-    if found is None:
-        raise KernelBuildError(f"no C compiler {compiler!r} on PATH")
-    try:
-        version = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        raise KernelBuildError(f"{compiler} --version failed: {e}") from e
-    source = SOURCE.read_bytes()
-    flags = (*COMPILE_FLAGS, *(f"-D{d}" for d in defines))
-    key = hashlib.sha256(
-        b"\0".join([source, " ".join(flags).encode(), version.encode(), _cpu_identity().encode()])
-    )
-    target = cache_dir / "kernels" / f"paged_decode-{key.hexdigest()[:16]}.so"
-    if not target.exists():
-        _compile(found, flags, target)
-    try:
-        library = ctypes.CDLL(str(target))
-    except OSError as e:
-        raise KernelBuildError(f"could not load {target}: {e}") from e
+    target, library = build_library(SOURCE, cache_dir, compiler, defines)
     function = library.paged_decode
     function.restype = ctypes.c_int
     function.argtypes = (
@@ -147,26 +107,6 @@ def build_paged_decode(
     vector_head.argtypes = [ctypes.c_int64]
     heads = frozenset(d for d in _HEAD_SIZES_ASKED if vector_head(d))
     return PagedDecodeKernel(path=target, vector_heads=heads, function=function)
-
-
-def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> None:
-    """Compile and link into a temporary file beside `target`, then rename: concurrent builders (two
-    test processes) each finish a whole file, and the last rename wins."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        obj, lib = Path(tmp) / "paged_decode.o", Path(tmp) / "paged_decode.so"
-        for command in (
-            [compiler, *flags, "-c", str(SOURCE), "-o", str(obj)],
-            [compiler, *LINK_FLAGS, str(obj), "-o", str(lib), "-lm"],
-        ):
-            try:
-                done = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_SECONDS)
-            except (OSError, subprocess.SubprocessError) as e:
-                raise KernelBuildError(f"{' '.join(command)}: {e}") from e
-            if done.returncode != 0:
-                first = (done.stderr.strip().splitlines() or ["(no output)"])[0]
-                raise KernelBuildError(f"{' '.join(command)} failed: {first}")
-        os.replace(lib, target)
 
 
 @functools.cache

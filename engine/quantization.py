@@ -7,11 +7,14 @@ packed and multiplies with a fused kernel that dequantizes in registers; activat
 - int8: symmetric, one scale per output channel, `w = q * s`, q in [-127, 127];
   kernel `aten._weight_int8pack_mm(x [M, K] bf16, q [N, K] int8, s [N] bf16)`.
 - int4: asymmetric, one (scale, zero) per group of `group_size` input channels per output channel,
-  `w = (q - 8) * scale + zero`, q in [0, 15] (the "tinygemm" convention of the kernel);
-  packed by `aten._convert_weight_to_int4pack_for_cpu`, multiplied by `aten._weight_int4pack_mm_for_cpu`.
+  `w = (q - 8) * scale + zero`, q in [0, 15] (the "tinygemm" convention of the kernel). Where our C
+  kernel runs (AVX512-BF16; engine/int4_kernel.py) layers are `Int4TiledLinear`: our tiled layout,
+  multiplied by engine/int4_matmul.c, 0.4-0.7x the time of PyTorch's kernel at 1-256 rows on the
+  Qwen2.5-0.5B shapes (docs/bench/int4-kernel). Elsewhere `Int4Linear`: packed by
+  `aten._convert_weight_to_int4pack_for_cpu`, multiplied by `aten._weight_int4pack_mm_for_cpu`.
 
-Both kernels compute each output row independently of the other rows in the batch (checked in the
-tests), so a verification window [last, d1..dk] gets the same logits row by row as k+1 single-token
+Every one of these kernels computes each output row independently of the other rows in the batch
+(checked in the tests), so a verification window [last, d1..dk] gets the same logits row by row as k+1 single-token
 steps: speculation stays lossless with respect to the quantized model.
 
 Measured here (Xeon with AVX512/AMX, 2 cores, torch 2.13), M=1 decode rows, time vs bf16 nn.Linear:
@@ -31,6 +34,7 @@ import torch
 from torch import nn
 
 from .config import INT4_GROUP_SIZES, QUANTIZED_ENCODINGS
+from .int4_kernel import Int4Kernel, default_int4_kernel, pack_int4_tiles
 
 logger = logging.getLogger("specserve.engine")
 
@@ -225,6 +229,60 @@ class Int4Linear(_QuantLinearBase):
         )
 
 
+class Int4TiledLinear(Int4Linear):
+    """The same int4 weights in our kernel's tiled layout, multiplied by engine/int4_matmul.c, which
+    reads each weight once for every row of a call (PyTorch's kernel rereads it every few rows).
+
+    Buffers: qweight [T, K/8, 16] int32, scales_and_zeros [T, K/g, 2, 16] bf16 (T = ceil(N / 16);
+    see `pack_int4_tiles`). Outputs are exact in float32 up to the summation order, then rounded to
+    bf16 once, so they match `Int4Linear`'s within a bf16 rounding."""
+
+    def __init__(
+        self,
+        qweight: torch.Tensor,
+        scales_and_zeros: torch.Tensor,
+        group_size: int,
+        out_features: int,
+        bias: torch.Tensor | None,
+        kernel: Int4Kernel,
+    ):
+        nn.Module.__init__(self)
+        self.out_features = out_features
+        self.in_features = scales_and_zeros.shape[1] * group_size
+        self.group_size = group_size
+        self.kernel = kernel
+        self.register_buffer("qweight", qweight)  # [T, K/8, 16] int32
+        self.register_buffer("scales_and_zeros", scales_and_zeros)  # [T, K/g, 2, 16] bf16
+        self.register_buffer("bias", None if bias is None else bias.detach().to(QUANT_DTYPE).clone())
+
+    @classmethod
+    def from_codes(
+        cls,
+        q: torch.Tensor,
+        scales_and_zeros: torch.Tensor,
+        group_size: int,
+        bias: torch.Tensor | None = None,
+    ) -> Int4TiledLinear:
+        """q [N, K] in [0, 15], scales_and_zeros [K/g, N, 2]: w = (q - 8) * scale + zero."""
+        kernel = default_int4_kernel()
+        if kernel is None:
+            raise RuntimeError("the int4 kernel is not available on this machine (see default_int4_kernel)")
+        if q.shape[1] != scales_and_zeros.shape[0] * group_size or q.shape[0] != scales_and_zeros.shape[1]:
+            raise ValueError(f"codes {tuple(q.shape)} do not match scales {tuple(scales_and_zeros.shape)}")
+        return cls(*pack_int4_tiles(q, scales_and_zeros), group_size, q.shape[0], bias, kernel)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernel(x, self.qweight, self.scales_and_zeros, self.out_features, self.group_size)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", tiled kernel"
+
+
+def int4_layer_class() -> type[Int4Linear]:
+    """Our tiled kernel's layer where it runs on this machine, else PyTorch's."""
+    return Int4TiledLinear if default_int4_kernel() is not None else Int4Linear
+
+
 # ---------------------------------------------------------------------------------------------------
 # Whole-model replacement
 # ---------------------------------------------------------------------------------------------------
@@ -261,7 +319,7 @@ def quantize_weight(
     if encoding == "int4":
         group = int4_group_for(k, group_size)
         if group is not None:
-            return Int4Linear.from_float(weight, bias, group)
+            return int4_layer_class().from_float(weight, bias, group)
         logger.warning("int4: in_features %d fits no group size; using int8 for a [%d, %d] layer", k, n, k)
     if k % _K_ALIGN == 0:
         return Int8Linear.from_float(weight, bias)

@@ -4,8 +4,9 @@ the packed layers so that only the first load pays for quantizing and packing.
 The cache lives under `<cache_dir>/quantized/<key>/` (manifest.json + linear.safetensors) and holds
 every nn.Linear of the model in its final form: the kernel-packed int4/int8 buffers, or the float
 weight of a layer no kernel fits. Embeddings and norms still load from the float checkpoint. The
-packed int4 layout is whatever this torch build's CPU packer produces, so the key includes the torch
-version and CPU capability along with the source checkpoint, encoding and group size.
+packed int4 layout is our kernel's tiles where that kernel runs, else whatever this torch build's CPU
+packer produces, so the key includes the layout, the torch version and CPU capability along with the
+source checkpoint, encoding and group size.
 """
 
 from __future__ import annotations
@@ -24,14 +25,17 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .int4_kernel import default_int4_kernel
 from .models.decoder import CausalDecoder
 from .models.gguf_linear import GGUF_GROUP, AffineInt4, GgufLinearWeights
 from .quantization import (
     Int4Linear,
+    Int4TiledLinear,
     Int8Linear,
     LinearReplacer,
     check_encoding,
     int4_from_affine,
+    int4_layer_class,
     quantize_int4,
     quantize_model,
     quantize_weight,
@@ -39,7 +43,7 @@ from .quantization import (
 
 logger = logging.getLogger("specserve.engine")
 
-PACKED_CACHE_VERSION = 1  # bump when the manifest or the meaning of a cached layer changes
+PACKED_CACHE_VERSION = 2  # bump when the manifest or the meaning of a cached layer changes
 _MANIFEST = "manifest.json"
 _TENSORS = "linear.safetensors"
 
@@ -79,6 +83,7 @@ def _cache_key(source_dir: Path, gguf_path: Path | None, encoding: str, group_si
         str(group_size),
         torch.__version__,
         torch.backends.cpu.get_cpu_capability(),
+        f"int4_layout={_int4_layout()}",
         str(source_dir.resolve()),
         f"gguf={gguf_path.resolve() if gguf_path else None}",
     ]
@@ -142,12 +147,18 @@ def _int4_from_parts(parts: list[AffineInt4 | torch.Tensor], bias: torch.Tensor 
             q, sz = quantize_int4(part, GGUF_GROUP)
             codes.append(q.to(torch.uint8))
             scales_and_zeros.append(sz)
-    return Int4Linear.from_codes(torch.cat(codes), torch.cat(scales_and_zeros, dim=1), GGUF_GROUP, bias)
+    layer_class = int4_layer_class()
+    return layer_class.from_codes(torch.cat(codes), torch.cat(scales_and_zeros, dim=1), GGUF_GROUP, bias)
 
 
 # ---------------------------------------------------------------------------------------------------
 # The packed cache
 # ---------------------------------------------------------------------------------------------------
+
+
+def _int4_layout() -> str:
+    """Which int4 layout this process packs: our kernel's tiles, or PyTorch's packer's."""
+    return "tiles" if default_int4_kernel() is not None else "torch"
 
 
 def _linear_layers(model: nn.Module) -> dict[str, nn.Linear | Int4Linear | Int8Linear]:
@@ -164,6 +175,7 @@ def _save_packed(model: nn.Module, path: Path) -> None:
         entry: dict[str, object] = {"name": name, "bias": layer.bias is not None}
         if isinstance(layer, Int4Linear):
             entry.update(kind="int4", group_size=layer.group_size, out_features=layer.out_features)
+            entry.update(layout="tiles" if isinstance(layer, Int4TiledLinear) else "torch")
             tensors[f"{name}.qweight"] = layer.qweight
             tensors[f"{name}.scales_and_zeros"] = layer.scales_and_zeros
         elif isinstance(layer, Int8Linear):
@@ -202,13 +214,17 @@ def _load_packed(model: nn.Module, path: Path) -> None:
         name = entry["name"]
         bias = tensors.get(f"{name}.bias") if entry["bias"] else None
         if entry["kind"] == "int4":
-            layer: nn.Module = Int4Linear(
+            int4_args = (
                 tensors[f"{name}.qweight"],
                 tensors[f"{name}.scales_and_zeros"],
                 entry["group_size"],
                 entry["out_features"],
                 bias,
             )
+            kernel = default_int4_kernel() if entry["layout"] == "tiles" else None
+            if entry["layout"] == "tiles" and kernel is None:  # the key names the layout: not expected
+                raise RuntimeError(f"{path} holds the tiled int4 layout, but the int4 kernel is unavailable")
+            layer: nn.Module = Int4TiledLinear(*int4_args, kernel) if kernel else Int4Linear(*int4_args)
         elif entry["kind"] == "int8":
             layer = Int8Linear(tensors[f"{name}.qweight"], tensors[f"{name}.scales"], bias)
         else:

@@ -17,13 +17,16 @@ from tiny_models import make_llm, mixed_prompts
 from specserve.engine import SamplingParams
 from specserve.engine.builder import load_model
 from specserve.engine.config import ModelSpec
+from specserve.engine.int4_kernel import default_int4_kernel
 from specserve.engine.models.errors import ModelLoadError
 from specserve.engine.models.gguf_linear import decode_int4_blocks, read_tensor_index
 from specserve.engine.quantization import (
     Int4Linear,
+    Int4TiledLinear,
     Int8Linear,
     dequantize_int4,
     int4_from_affine,
+    int4_layer_class,
     quantize_int4,
 )
 
@@ -171,6 +174,29 @@ def test_packed_layers_are_cached_per_encoding_and_group(
     _load(mixed_gguf, cache, "int8")
     assert len(list((cache / "quantized").iterdir())) == 3
     assert not [p for p in (cache / "quantized").iterdir() if p.name.startswith(".tmp")]
+
+
+def test_each_int4_layout_has_its_own_cache_entry(
+    mixed_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Our kernel's tiles where it runs, PyTorch's packing with SPECSERVE_INT4_KERNEL=0: a cache
+    entry written in one layout is never read as the other."""
+    cache = tmp_path / "cache"
+    first = _load(mixed_gguf, cache, "int4")
+    monkeypatch.setenv("SPECSERVE_INT4_KERNEL", "0")
+    default_int4_kernel.cache_clear()
+    try:
+        second = _load(mixed_gguf, cache, "int4")
+    finally:
+        monkeypatch.undo()
+        default_int4_kernel.cache_clear()
+    tiled = int4_layer_class() is Int4TiledLinear
+    assert type(first.lm_head) is (Int4TiledLinear if tiled else Int4Linear)
+    assert type(second.lm_head) is Int4Linear
+    assert len(list((cache / "quantized").iterdir())) == (2 if tiled else 1)
+    x = torch.randn(3, first.lm_head.in_features, generator=torch.Generator().manual_seed(0))
+    a, b = first.lm_head(x.to(torch.bfloat16)).double(), second.lm_head(x.to(torch.bfloat16)).double()
+    assert ((a - b).abs() <= 2**-7 * a.abs().clamp(min=1e-3)).all()  # one bf16 rounding apart
 
 
 def test_int4_gguf_model_speculates_losslessly(mixed_gguf: Path, tmp_path: Path) -> None:

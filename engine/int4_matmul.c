@@ -1,0 +1,137 @@
+/* int4 weight x bf16 activations on the CPU, reading each weight once for every row of the call.
+ *
+ * Built and loaded by engine/int4_kernel.py (gcc -O3 -march=native -fopenmp, at first use). PyTorch's
+ * packed int4 CPU kernel dequantizes the weight again for every few rows, so 4 rows cost 1.7x one row
+ * and 16 rows 5.8x (docs/bench/issue20-s36/results/int4_rows.txt): a draft step over several requests,
+ * an int4 target's verification windows and every prefill pay for it. Here a tile of 16 output
+ * channels is decoded from its nibbles once per four rows into bf16 vectors that stay in registers,
+ * and each row costs one bf16 dot-product instruction per 32 weights.
+ *
+ * Weights are w = (q - 8) * scale + zero per group of `group` input channels (q in [0, 15], the
+ * convention of engine/quantization.py). A nibble q becomes the bf16 number 128 + q by setting the
+ * bits of 128 (0x4300) around it, exactly, so the dot product over a group is
+ *   sum_k x_k (128 + q_k) = acc,  and  sum_k x_k w_k = scale * acc + (zero - 136 * scale) * sum_k x_k,
+ * all in float32 (the products of bf16 numbers are exact in float32). The output is rounded once to bf16.
+ *
+ * Every row goes through the same operations in the same order whatever else the call holds (the rows
+ * are computed four at a time, each with its own accumulators), so a row's output does not depend on
+ * its batch: a quantized target's verification window gets the logits of one-token steps.
+ *
+ * Layouts (contiguous, row-major; T = ceil(N / 16) tiles, G = K / group):
+ *   x       [M, K]       bf16
+ *   packed  [T, K/8, 16] uint32   word (t, b, j): bits 4i..4i+3 hold q[16t + j, 8b + 2i] and bits
+ *                                 16+4i..19+4i hold q[16t + j, 8b + 2i + 1], i = 0..3
+ *   sz      [T, G, 2, 16] bf16    per tile and group: the 16 channels' scales, then their zeros
+ *   out     [M, N]       bf16
+ * Channels past N in the last tile are padding (scale and zero 0) and are not stored.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && !defined(SPECSERVE_GENERIC)
+#include <immintrin.h>
+
+typedef uint16_t bf16;
+
+enum { TILE = 16, ROWS = 4, PAIRS = 4 }; /* channels per tile, rows per pass, k pairs per packed word */
+
+int int4_matmul_available(void) { return 1; }
+
+/* Sum of each group of x's row, float32, in one fixed order (the same for a row alone or in a batch). */
+static void group_sums(const bf16 *x, int64_t k, int64_t group, float *sums) {
+    for (int64_t g = 0; g < k / group; ++g) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t c = g * group; c < (g + 1) * group; c += 16) {
+            __m256i h = _mm256_loadu_si256((const __m256i *)(x + c));
+            acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+        }
+        sums[g] = _mm512_reduce_add_ps(acc);
+    }
+}
+
+/* Rows r0..r0+R-1 of one tile: `rows` of x (as k pairs, 32 bits each), their group sums, the tile's
+ * packed words and scales; stores the tile's channels (up to `width`) of each row. R is a constant at
+ * every call, so the accumulators live in registers. */
+static inline __attribute__((always_inline)) void tile_rows(int R, const uint32_t *const *xp,
+                                                            const float *const *sums, const __m512i *words,
+                                                            const bf16 *sz, int64_t k, int64_t group,
+                                                            bf16 *const *out, int64_t width) {
+    const __m512i nibbles = _mm512_set1_epi32(0x000F000F), base = _mm512_set1_epi32(0x43004300);
+    const __m512 offset = _mm512_set1_ps(136.0f);
+    __m512 total[ROWS];
+    for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
+    const int64_t words_per_group = group / 8;
+    for (int64_t g = 0; g < k / group; ++g) {
+        __m512 acc[ROWS][PAIRS];
+        for (int r = 0; r < R; ++r)
+            for (int i = 0; i < PAIRS; ++i) acc[r][i] = _mm512_setzero_ps();
+        for (int64_t b = g * words_per_group; b < (g + 1) * words_per_group; ++b) {
+            const __m512i w = _mm512_loadu_si512(words + b);
+            __m512bh v[PAIRS];
+            /* (w >> 4i) & 0x000F000F | 0x43004300: lane j = the bf16 pair (128 + q[j, 8b+2i], 128 + q[j, 8b+2i+1]) */
+            v[0] = (__m512bh)_mm512_ternarylogic_epi32(w, nibbles, base, 0xEA);
+            v[1] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi32(w, 4), nibbles, base, 0xEA);
+            v[2] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi32(w, 8), nibbles, base, 0xEA);
+            v[3] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi32(w, 12), nibbles, base, 0xEA);
+            for (int r = 0; r < R; ++r)
+                for (int i = 0; i < PAIRS; ++i)
+                    acc[r][i] = _mm512_dpbf16_ps(acc[r][i], v[i], (__m512bh)_mm512_set1_epi32((int)xp[r][4 * b + i]));
+        }
+        const __m512 scale = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i *)(sz + 2 * TILE * g)));
+        const __m512 zero = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i *)(sz + 2 * TILE * g + TILE)));
+        const __m512 shift = _mm512_fnmadd_ps(offset, scale, zero); /* zero - 136 * scale */
+        for (int r = 0; r < R; ++r) {
+            const __m512 dot = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3]));
+            total[r] = _mm512_fmadd_ps(dot, scale, total[r]);
+            total[r] = _mm512_fmadd_ps(shift, _mm512_set1_ps(sums[r][g]), total[r]);
+        }
+    }
+    const __mmask16 keep = width >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << width) - 1);
+    for (int r = 0; r < R; ++r) _mm256_mask_storeu_epi16(out[r], keep, (__m256i)_mm512_cvtneps_pbh(total[r]));
+}
+
+/* out = x @ dequantized(packed)^T. Returns 0, or -1 when scratch could not be allocated. */
+int int4_matmul(const bf16 *x, int64_t m, int64_t k, const uint32_t *packed, const bf16 *sz, int64_t n,
+                int64_t group, bf16 *out, int num_threads) {
+    const int64_t tiles = (n + TILE - 1) / TILE, groups = k / group;
+    float *sums = malloc((size_t)(m * groups) * sizeof(float));
+    if (sums == NULL) return -1;
+    for (int64_t r = 0; r < m; ++r) group_sums(x + r * k, k, group, sums + r * groups);
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+        const __m512i *words = (const __m512i *)(packed + t * (k / 8) * TILE);
+        const bf16 *tile_sz = sz + t * groups * 2 * TILE;
+        const int64_t width = n - t * TILE;
+        for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
+            const uint32_t *xp[ROWS];
+            const float *rs[ROWS];
+            bf16 *o[ROWS];
+            const int R = m - r0 < ROWS ? (int)(m - r0) : ROWS;
+            for (int r = 0; r < R; ++r) {
+                xp[r] = (const uint32_t *)(x + (r0 + r) * k);
+                rs[r] = sums + (r0 + r) * groups;
+                o[r] = out + (r0 + r) * n + t * TILE;
+            }
+            switch (R) {
+            case 1: tile_rows(1, xp, rs, words, tile_sz, k, group, o, width); break;
+            case 2: tile_rows(2, xp, rs, words, tile_sz, k, group, o, width); break;
+            case 3: tile_rows(3, xp, rs, words, tile_sz, k, group, o, width); break;
+            default: tile_rows(4, xp, rs, words, tile_sz, k, group, o, width); break;
+            }
+        }
+    }
+    free(sums);
+    return 0;
+}
+
+#else /* no AVX512-BF16: the caller keeps PyTorch's int4 kernel */
+
+int int4_matmul_available(void) { return 0; }
+
+int int4_matmul(const void *x, int64_t m, int64_t k, const void *packed, const void *sz, int64_t n, int64_t group,
+                void *out, int num_threads) {
+    (void)x, (void)m, (void)k, (void)packed, (void)sz, (void)n, (void)group, (void)out, (void)num_threads;
+    return -2;
+}
+
+#endif

@@ -23,6 +23,7 @@ from .models.factory import load_decoder
 from .models.loader import resolve_cache_dir, resolve_model
 from .proposer import Proposer, ProposerContext
 from .proposer_registry import load_proposer
+from .quantization import round_draft_activations
 from .quantized_loading import plan_quantized_load, quantize_loaded_model
 from .row_routed_linear import route_rows
 from .runner import SequenceInput, forward_sequences, padded_num_slots
@@ -48,7 +49,7 @@ def load_model(
     memory_utilization: float | None = None,
     resident_bytes: int = 0,
     what: str = "its weights",
-    float_for_many_rows: bool = False,
+    draft: bool = False,
 ) -> LoadedModel:
     """Resolve and load one model. With `memory_utilization`, first refuse (InsufficientMemoryError,
     one line) a model whose weights, on top of `resident_bytes` already on its device, cannot fit in
@@ -56,8 +57,9 @@ def load_model(
     large for the container's limit is refused rather than OOM-killed while loading. (A GGUF source
     is converted first; the conversion streams one tensor chunk at a time.)
 
-    `float_for_many_rows` (a quantized draft only: its numerics do not decide the output): keep the
-    float linear weights and run forwards of many rows on them (engine/row_routed_linear.py)."""
+    `draft` (a quantized draft: its numbers decide only what it proposes, never the output): its
+    tiled int4 layers round their inputs to int8 (`round_draft_activations`), and it keeps the float
+    linear weights for forwards of many rows where those are faster (engine/row_routed_linear.py)."""
     cache_root = resolve_cache_dir(cache_dir or None)
     resolved = resolve_model(spec.model_path, spec.weight_path, dtype=spec.dtype, cache_dir=cache_root)
     quantized = spec.quantization_encoding in QUANTIZED_ENCODINGS
@@ -78,7 +80,7 @@ def load_model(
             spec.int4_group_size,
             float_linears=plan is None or plan.needs_float_linears,
             from_gguf=plan is not None and plan.gguf_path is not None,
-            keep_float_linears=plan is not None and float_for_many_rows,
+            keep_float_linears=plan is not None and draft,
         )
         memory = device_memory(spec.device)
         check_weights_fit(weights, memory_utilization, memory, resident_bytes, what)
@@ -97,17 +99,19 @@ def load_model(
         resolved.directory,
         spec.dtype,
         spec.device,
-        load_linear_weights=plan.needs_float_linears or float_for_many_rows,
+        load_linear_weights=plan.needs_float_linears or draft,
         batch_invariant=batch_invariant,
     )
     float_weights: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
-    if float_for_many_rows:
+    if draft:
         float_weights = {
             name: (m.weight.detach(), None if m.bias is None else m.bias.detach())
             for name, m in model.named_modules()
             if isinstance(m, nn.Linear)
         }
     quantize_loaded_model(model, plan)
+    if draft:
+        round_draft_activations(model)
     if float_weights:
         route_rows(model, float_weights)
     return LoadedModel(model, model.config, resolved.directory, resolved.notice)

@@ -25,8 +25,10 @@
  *   out     [M, N]       bf16
  * Channels past N in the last tile are padding (scale and zero 0) and are not stored.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__) && !defined(SPECSERVE_GENERIC)
 #include <immintrin.h>
@@ -34,6 +36,13 @@
 typedef uint16_t bf16;
 
 enum { TILE = 16, ROWS = 4, PAIRS = 4 }; /* channels per tile, rows per pass, k pairs per packed word */
+
+static inline float bf16_value(bf16 h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
 
 int int4_matmul_available(void) { return 1; }
 
@@ -124,9 +133,131 @@ int int4_matmul(const bf16 *x, int64_t m, int64_t k, const uint32_t *packed, con
     return 0;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Draft-only variant: activations rounded to int8 (one scale per row and group, as llama.cpp's Q8
+ * blocks), products as int8 dot products (VNNI: 64 multiply-adds an instruction where bf16 does 32).
+ * Not exact: a draft's numbers decide only what it proposes, never what the target emits.
+ *
+ * The same packed words serve: masking a word leaves in each 32-bit lane the bytes of inputs
+ * 8b + {0, 4, 1, 5}, masking it shifted by 4 those of 8b + {2, 6, 3, 7}; a row's int8 activations are
+ * stored in that order (QORDER) so that one 32-bit broadcast meets each lane's four codes.
+ * With x ~ xs * xq per group: sum_k x_k w_k ~ xs * (scale * sum_k xq_k q_k + (zero - 8 scale) * sum_k xq_k).
+ * ------------------------------------------------------------------------------------------- */
+#if defined(__AVX512VNNI__)
+
+int int4_matmul_q8_available(void) { return 1; }
+
+/* One row: xq [K] int8, within each 8 inputs in the order 0, 4, 1, 5, 2, 6, 3, 7; per group its
+ * scale (peak / 127) and the sum of its codes. Rounding is to nearest (even). */
+static void quantize_row(const bf16 *x, int64_t k, int64_t group, int8_t *xq, float *scales, float *sums) {
+    const __m512i order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+    for (int64_t g = 0; g < k / group; ++g) {
+        __m512 peak = _mm512_setzero_ps();
+        for (int64_t c = g * group; c < (g + 1) * group; c += 16) {
+            const __m512 v = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i *)(x + c)));
+            peak = _mm512_max_ps(peak, _mm512_abs_ps(v));
+        }
+        const float top = _mm512_reduce_max_ps(peak);
+        const __m512 inverse = _mm512_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
+        __m512i total = _mm512_setzero_si512();
+        for (int64_t c = g * group; c < (g + 1) * group; c += 16) {
+            const __m512 v = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i *)(x + c)));
+            const __m512i q = _mm512_permutexvar_epi32(order, _mm512_cvtps_epi32(_mm512_mul_ps(v, inverse)));
+            total = _mm512_add_epi32(total, q);
+            _mm_storeu_si128((__m128i *)(xq + c), _mm512_cvtsepi32_epi8(q));
+        }
+        scales[g] = top / 127.0f;
+        sums[g] = (float)_mm512_reduce_add_epi32(total);
+    }
+}
+
+static inline __attribute__((always_inline)) void tile_rows_q8(int R, const uint32_t *const *xp,
+                                                               const float *const *scales, const float *const *sums,
+                                                               const __m512i *words, const bf16 *sz, int64_t k,
+                                                               int64_t group, bf16 *const *out, int64_t width) {
+    const __m512i low = _mm512_set1_epi32(0x0F0F0F0F);
+    const __m512 eight = _mm512_set1_ps(8.0f);
+    __m512 total[ROWS];
+    for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
+    const int64_t words_per_group = group / 8;
+    for (int64_t g = 0; g < k / group; ++g) {
+        __m512i acc[ROWS][2];
+        for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+        for (int64_t b = g * words_per_group; b < (g + 1) * words_per_group; ++b) {
+            const __m512i w = _mm512_loadu_si512(words + b);
+            const __m512i even = _mm512_and_si512(w, low), odd = _mm512_and_si512(_mm512_srli_epi32(w, 4), low);
+            for (int r = 0; r < R; ++r) {
+                acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], even, _mm512_set1_epi32((int)xp[r][2 * b]));
+                acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], odd, _mm512_set1_epi32((int)xp[r][2 * b + 1]));
+            }
+        }
+        const __m512 scale = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i *)(sz + 2 * TILE * g)));
+        const __m512 zero = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i *)(sz + 2 * TILE * g + TILE)));
+        const __m512 shift = _mm512_fnmadd_ps(eight, scale, zero); /* zero - 8 * scale */
+        for (int r = 0; r < R; ++r) {
+            const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(acc[r][0], acc[r][1]));
+            const __m512 group_sum = _mm512_fmadd_ps(shift, _mm512_set1_ps(sums[r][g]), _mm512_mul_ps(dot, scale));
+            total[r] = _mm512_fmadd_ps(group_sum, _mm512_set1_ps(scales[r][g]), total[r]);
+        }
+    }
+    const __mmask16 keep = width >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << width) - 1);
+    for (int r = 0; r < R; ++r) _mm256_mask_storeu_epi16(out[r], keep, (__m256i)_mm512_cvtneps_pbh(total[r]));
+}
+
+int int4_matmul_q8(const bf16 *x, int64_t m, int64_t k, const uint32_t *packed, const bf16 *sz, int64_t n,
+                   int64_t group, bf16 *out, int num_threads) {
+    const int64_t tiles = (n + TILE - 1) / TILE, groups = k / group;
+    int8_t *xq = malloc((size_t)(m * k) + (size_t)(2 * m * groups) * sizeof(float));
+    if (xq == NULL) return -1;
+    float *scales = (float *)(xq + ((m * k + 3) & ~(int64_t)3)), *sums = scales + m * groups;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (m > 4)
+    for (int64_t r = 0; r < m; ++r) quantize_row(x + r * k, k, group, xq + r * k, scales + r * groups, sums + r * groups);
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+        const __m512i *words = (const __m512i *)(packed + t * (k / 8) * TILE);
+        const bf16 *tile_sz = sz + t * groups * 2 * TILE;
+        const int64_t width = n - t * TILE;
+        for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
+            const uint32_t *xp[ROWS];
+            const float *rs[ROWS], *rsum[ROWS];
+            bf16 *o[ROWS];
+            const int R = m - r0 < ROWS ? (int)(m - r0) : ROWS;
+            for (int r = 0; r < R; ++r) {
+                xp[r] = (const uint32_t *)(xq + (r0 + r) * k);
+                rs[r] = scales + (r0 + r) * groups;
+                rsum[r] = sums + (r0 + r) * groups;
+                o[r] = out + (r0 + r) * n + t * TILE;
+            }
+            switch (R) {
+            case 1: tile_rows_q8(1, xp, rs, rsum, words, tile_sz, k, group, o, width); break;
+            case 2: tile_rows_q8(2, xp, rs, rsum, words, tile_sz, k, group, o, width); break;
+            case 3: tile_rows_q8(3, xp, rs, rsum, words, tile_sz, k, group, o, width); break;
+            default: tile_rows_q8(4, xp, rs, rsum, words, tile_sz, k, group, o, width); break;
+            }
+        }
+    }
+    free(xq);
+    return 0;
+}
+
+#else
+int int4_matmul_q8_available(void) { return 0; }
+int int4_matmul_q8(const void *x, int64_t m, int64_t k, const void *packed, const void *sz, int64_t n, int64_t group,
+                   void *out, int num_threads) {
+    (void)x, (void)m, (void)k, (void)packed, (void)sz, (void)n, (void)group, (void)out, (void)num_threads;
+    return -2;
+}
+#endif
+
 #else /* no AVX512-BF16: the caller keeps PyTorch's int4 kernel */
 
 int int4_matmul_available(void) { return 0; }
+int int4_matmul_q8_available(void) { return 0; }
+int int4_matmul_q8(const void *x, int64_t m, int64_t k, const void *packed, const void *sz, int64_t n, int64_t group,
+                   void *out, int num_threads) {
+    (void)x, (void)m, (void)k, (void)packed, (void)sz, (void)n, (void)group, (void)out, (void)num_threads;
+    return -2;
+}
 
 int int4_matmul(const void *x, int64_t m, int64_t k, const void *packed, const void *sz, int64_t n, int64_t group,
                 void *out, int num_threads) {

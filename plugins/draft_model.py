@@ -40,7 +40,7 @@ class DraftModelProposer(Proposer):
             resident_bytes=module_bytes(ctx.target) if spec.device == ctx.device else 0,
             what="the draft model's weights",
             # A quantized draft's catch-up on a prompt is many rows, which its kernels pay by the row.
-            float_for_many_rows=True,
+            draft=True,
         )
         self.model = loaded.model
         self.device = spec.device

@@ -131,3 +131,61 @@ def test_switched_off_int4_layers_keep_pytorchs_kernel(kernel_switched_off):
 def test_a_build_without_avx512_bf16_is_refused(tmp_path):
     with pytest.raises(KernelBuildError, match="needs AVX512-BF16"):
         build_int4_kernel(tmp_path, defines=("SPECSERVE_GENERIC",))
+
+
+def _int8_rows_reference(x: torch.Tensor, w_deq: torch.Tensor, group: int) -> torch.Tensor:
+    """What the VNNI path computes, in float64: each row's groups rounded to int8 at peak / 127
+    (float32 arithmetic, ties to even), times the dequantized weight."""
+    m, k = x.shape
+    xf = x.float().reshape(m, k // group, group)
+    peak = xf.abs().amax(dim=-1, keepdim=True)  # [M, G, 1]
+    inverse = torch.where(peak > 0, torch.tensor(127.0) / peak, torch.zeros(()))
+    xq = torch.round(xf * inverse).clamp(-128, 127)  # float32 product, then nearest even
+    rounded = (xq.double() * (peak / 127.0).double()).reshape(m, k)
+    return rounded @ w_deq.double().t()
+
+
+@pytest.fixture
+def int8_kernel(kernel):
+    if kernel.function_q8 is None:
+        pytest.skip("this CPU has no VNNI: drafts keep bf16 activations")
+    return kernel
+
+
+@pytest.mark.parametrize(("n", "k", "group"), [(48, 64, 32), (40, 576, 64), (100, 256, 128)])
+def test_int8_activations_are_the_rounded_rows_times_the_weight(int8_kernel, n, k, group):
+    layer, w_deq = _layer(n, k, group, seed=n + k)
+    x = torch.randn(6, k, generator=torch.Generator().manual_seed(k)).to(torch.bfloat16)
+    x[3, :group] = 0  # an all-zero group: scale 0, adds nothing
+    layer.int8_activations = True
+    out, ref = layer(x).double(), _int8_rows_reference(x, w_deq, group)
+    assert (out - ref).abs().max() <= 2**-8 * ref.abs().max()  # the int8 sums are exact; bf16 output
+    exact = x.double() @ w_deq.double().t()
+    assert ((out - exact).norm() / exact.norm()).item() < 0.02  # rounding x to int8 costs ~0.5% here
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(6)])
+    assert torch.equal(layer(x), alone)
+
+
+def test_only_a_draft_rounds_its_activations(int8_kernel, tiny_llama_dir, tiny_draft_dir, monkeypatch):
+    from tiny_models import make_llm
+
+    from specserve.engine.quantization import round_draft_activations
+
+    llm = make_llm(
+        tiny_llama_dir,
+        quantization_encoding="int4",
+        speculative_method="draft_model",
+        draft_model_path=str(tiny_draft_dir),
+        draft_quantization_encoding="int4",
+    )
+
+    def int4_layers(model):
+        return [m for m in model.modules() if isinstance(m, Int4TiledLinear)]
+
+    target_layers, draft_layers = int4_layers(llm.engine.model), int4_layers(llm.engine.proposer.model)
+    assert target_layers and draft_layers
+    assert all(m.int8_activations for m in draft_layers)
+    assert not any(m.int8_activations for m in target_layers)
+    assert "int8 activations" in repr(draft_layers[0])
+    monkeypatch.setenv("SPECSERVE_DRAFT_INT8_ACTIVATIONS", "0")
+    assert round_draft_activations(llm.engine.model) == 0

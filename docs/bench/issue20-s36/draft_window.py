@@ -77,7 +77,7 @@ def main() -> None:
     target = LLM("Qwen/Qwen2.5-Coder-1.5B-Instruct", speculative_method="none")
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     spec = ModelSpec(model_path="Qwen/Qwen2.5-Coder-0.5B-Instruct", quantization_encoding="int4")
-    draft = load_model(spec, None, float_for_many_rows=True).model.eval()
+    draft = load_model(spec, None, draft=True).model.eval()
     per_seq = 256
     kv = draft.allocate_kv_cache(per_seq * BLOCK + 1, spec.dtype, "cpu")
     table = list(range(per_seq))

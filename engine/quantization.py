@@ -270,6 +270,8 @@ class Int4TiledLinear(Int4Linear):
             raise RuntimeError("the int4 kernel is not available on this machine (see default_int4_kernel)")
         if q.shape[1] != scales_and_zeros.shape[0] * group_size or q.shape[0] != scales_and_zeros.shape[1]:
             raise ValueError(f"codes {tuple(q.shape)} do not match scales {tuple(scales_and_zeros.shape)}")
+        if group_size % 16:  # the kernel sums a group 16 inputs at a time
+            raise ValueError(f"the int4 kernel takes groups of a multiple of 16 inputs, not {group_size}")
         return cls(*pack_int4_tiles(q, scales_and_zeros), group_size, q.shape[0], bias, kernel)
 
     int8_activations = False  # set by `round_draft_activations`: a draft's layers only

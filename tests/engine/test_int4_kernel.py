@@ -83,6 +83,14 @@ def test_a_row_does_not_depend_on_its_batch(kernel, n, k, group):
     assert torch.equal(layer(x[6:11])[-1], alone[10])  # a window's last row
 
 
+def test_groups_the_kernel_cannot_sum_are_refused(kernel):
+    q = torch.zeros(16, 48, dtype=torch.int32)
+    with pytest.raises(ValueError, match="multiple of 16 inputs, not 24"):
+        Int4TiledLinear.from_codes(q, torch.ones(2, 16, 2), 24)
+    with pytest.raises(ValueError, match="do not match"):
+        Int4TiledLinear.from_codes(q, torch.ones(3, 16, 2), 24)
+
+
 def test_a_nan_row_spoils_only_itself(kernel):
     layer, _ = _layer(64, 128, 32, seed=2)
     x = torch.randn(5, 128, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)

@@ -9,7 +9,7 @@ packed and multiplies with a fused kernel that dequantizes in registers; activat
 - int4: asymmetric, one (scale, zero) per group of `group_size` input channels per output channel,
   `w = (q - 8) * scale + zero`, q in [0, 15] (the "tinygemm" convention of the kernel). Where our C
   kernel runs (AVX512-BF16; engine/int4_kernel.py) layers are `Int4TiledLinear`: our tiled layout,
-  multiplied by engine/int4_matmul.c, 0.5-0.75x the time of PyTorch's kernel at 1-256 rows on the
+  multiplied by engine/int4_matmul.c, 0.48-0.70x the time of PyTorch's kernel at 1-256 rows on the
   Qwen2.5-0.5B shapes (docs/bench/int4-kernel). Elsewhere `Int4Linear`: packed by
   `aten._convert_weight_to_int4pack_for_cpu`, multiplied by `aten._weight_int4pack_mm_for_cpu`.
 
@@ -290,7 +290,7 @@ class Int4TiledLinear(Int4Linear):
 def round_draft_activations(model: nn.Module) -> int:
     """Let a draft's tiled int4 layers round their inputs to int8 (per row and group of inputs) and
     multiply in int8 (engine/int4_matmul.c's VNNI path): 0.62-0.83x the bf16-activation time at 2-256
-    rows on the Qwen2.5-0.5B shapes (one row is memory-bound: the same), and the draft agrees with
+    rows on the Qwen2.5-0.5B MLP shapes, 8-256 for the LM head (fewer rows are bound by memory: the same), and the draft agrees with
     the target as often (docs/bench/int4-kernel). Only for a draft, whose numbers decide what it proposes, never
     what the target emits. Returns the number of layers switched (0 where the CPU lacks VNNI, or with
     SPECSERVE_DRAFT_INT8_ACTIVATIONS=0)."""

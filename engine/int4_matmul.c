@@ -24,11 +24,11 @@
  *   sz      [T, G, 2, 16] bf16    per tile and group: the 16 channels' scales, then their zeros
  *   out     [M, N]       bf16
  * Channels past N in the last tile are padding (scale and zero 0) and are not stored.
+ *
+ * int4_matmul_q8 (below) is a draft's variant: the same words, the activations rounded to int8.
  */
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__) && !defined(SPECSERVE_GENERIC)
 #include <immintrin.h>
@@ -36,13 +36,6 @@
 typedef uint16_t bf16;
 
 enum { TILE = 16, ROWS = 4, PAIRS = 4 }; /* channels per tile, rows per pass, k pairs per packed word */
-
-static inline float bf16_value(bf16 h) {
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 int int4_matmul_available(void) { return 1; }
 
@@ -99,40 +92,6 @@ static inline __attribute__((always_inline)) void tile_rows(int R, const uint32_
     for (int r = 0; r < R; ++r) _mm256_mask_storeu_epi16(out[r], keep, (__m256i)_mm512_cvtneps_pbh(total[r]));
 }
 
-/* out = x @ dequantized(packed)^T. Returns 0, or -1 when scratch could not be allocated. */
-int int4_matmul(const bf16 *x, int64_t m, int64_t k, const uint32_t *packed, const bf16 *sz, int64_t n,
-                int64_t group, bf16 *out, int num_threads) {
-    const int64_t tiles = (n + TILE - 1) / TILE, groups = k / group;
-    float *sums = malloc((size_t)(m * groups) * sizeof(float));
-    if (sums == NULL) return -1;
-    for (int64_t r = 0; r < m; ++r) group_sums(x + r * k, k, group, sums + r * groups);
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t t = 0; t < tiles; ++t) {
-        const __m512i *words = (const __m512i *)(packed + t * (k / 8) * TILE);
-        const bf16 *tile_sz = sz + t * groups * 2 * TILE;
-        const int64_t width = n - t * TILE;
-        for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
-            const uint32_t *xp[ROWS];
-            const float *rs[ROWS];
-            bf16 *o[ROWS];
-            const int R = m - r0 < ROWS ? (int)(m - r0) : ROWS;
-            for (int r = 0; r < R; ++r) {
-                xp[r] = (const uint32_t *)(x + (r0 + r) * k);
-                rs[r] = sums + (r0 + r) * groups;
-                o[r] = out + (r0 + r) * n + t * TILE;
-            }
-            switch (R) {
-            case 1: tile_rows(1, xp, rs, words, tile_sz, k, group, o, width); break;
-            case 2: tile_rows(2, xp, rs, words, tile_sz, k, group, o, width); break;
-            case 3: tile_rows(3, xp, rs, words, tile_sz, k, group, o, width); break;
-            default: tile_rows(4, xp, rs, words, tile_sz, k, group, o, width); break;
-            }
-        }
-    }
-    free(sums);
-    return 0;
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Draft-only variant: activations rounded to int8 (one scale per row and group, as llama.cpp's Q8
  * blocks), products as int8 dot products (VNNI: 64 multiply-adds an instruction where bf16 does 32).
@@ -140,7 +99,7 @@ int int4_matmul(const bf16 *x, int64_t m, int64_t k, const uint32_t *packed, con
  *
  * The same packed words serve: masking a word leaves in each 32-bit lane the bytes of inputs
  * 8b + {0, 4, 1, 5}, masking it shifted by 4 those of 8b + {2, 6, 3, 7}; a row's int8 activations are
- * stored in that order (QORDER) so that one 32-bit broadcast meets each lane's four codes.
+ * stored in that order (quantize_row) so that one 32-bit broadcast meets each lane's four codes.
  * With x ~ xs * xq per group: sum_k x_k w_k ~ xs * (scale * sum_k xq_k q_k + (zero - 8 scale) * sum_k xq_k).
  * ------------------------------------------------------------------------------------------- */
 #if defined(__AVX512VNNI__)
@@ -204,14 +163,50 @@ static inline __attribute__((always_inline)) void tile_rows_q8(int R, const uint
     for (int r = 0; r < R; ++r) _mm256_mask_storeu_epi16(out[r], keep, (__m256i)_mm512_cvtneps_pbh(total[r]));
 }
 
-int int4_matmul_q8(const bf16 *x, int64_t m, int64_t k, const uint32_t *packed, const bf16 *sz, int64_t n,
-                   int64_t group, bf16 *out, int num_threads) {
+#define SPECSERVE_VNNI 1
+#else
+int int4_matmul_q8_available(void) { return 0; }
+#endif
+
+/* Rows r0..r0+R-1 of one tile, on either path (R a constant at every call: inlined and unrolled). */
+static inline __attribute__((always_inline)) void tile_pass(int q8, int R, const uint32_t *const *xp,
+                                                            const float *const *scales, const float *const *sums,
+                                                            const __m512i *words, const bf16 *sz, int64_t k,
+                                                            int64_t group, bf16 *const *out, int64_t width) {
+#ifdef SPECSERVE_VNNI
+    if (q8) {
+        tile_rows_q8(R, xp, scales, sums, words, sz, k, group, out, width);
+        return;
+    }
+#endif
+    tile_rows(R, xp, sums, words, sz, k, group, out, width);
+}
+
+/* out = x @ dequantized(packed)^T, with x as it is (bf16 pairs) or rounded to int8 (`q8`, a draft's).
+ * Returns 0, -1 when scratch could not be allocated, -2 when `q8` is asked of a build without VNNI. */
+static int run(int q8, const bf16 *x, int64_t m, int64_t k, const uint32_t *packed, const bf16 *sz, int64_t n,
+               int64_t group, bf16 *out, int num_threads) {
+#ifndef SPECSERVE_VNNI
+    if (q8) return -2;
+#endif
     const int64_t tiles = (n + TILE - 1) / TILE, groups = k / group;
-    int8_t *xq = malloc((size_t)(m * k) + (size_t)(2 * m * groups) * sizeof(float));
-    if (xq == NULL) return -1;
-    float *scales = (float *)(xq + ((m * k + 3) & ~(int64_t)3)), *sums = scales + m * groups;
+    const int64_t int8_bytes = q8 ? (m * k + 63) & ~(int64_t)63 : 0; /* the rounded rows, if any */
+    char *scratch = malloc((size_t)int8_bytes + (size_t)(2 * m * groups) * sizeof(float));
+    if (scratch == NULL) return -1;
+    int8_t *xq = (int8_t *)scratch;
+    float *scales = (float *)(scratch + int8_bytes), *sums = scales + m * groups;
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (m > 4)
-    for (int64_t r = 0; r < m; ++r) quantize_row(x + r * k, k, group, xq + r * k, scales + r * groups, sums + r * groups);
+    for (int64_t r = 0; r < m; ++r) {
+#ifdef SPECSERVE_VNNI
+        if (q8) {
+            quantize_row(x + r * k, k, group, xq + r * k, scales + r * groups, sums + r * groups);
+            continue;
+        }
+#endif
+        group_sums(x + r * k, k, group, sums + r * groups);
+    }
+    const char *rows = q8 ? (const char *)xq : (const char *)x;
+    const int64_t row_bytes = q8 ? k : 2 * k;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t t = 0; t < tiles; ++t) {
         const __m512i *words = (const __m512i *)(packed + t * (k / 8) * TILE);
@@ -223,31 +218,32 @@ int int4_matmul_q8(const bf16 *x, int64_t m, int64_t k, const uint32_t *packed, 
             bf16 *o[ROWS];
             const int R = m - r0 < ROWS ? (int)(m - r0) : ROWS;
             for (int r = 0; r < R; ++r) {
-                xp[r] = (const uint32_t *)(xq + (r0 + r) * k);
+                xp[r] = (const uint32_t *)(rows + (r0 + r) * row_bytes);
                 rs[r] = scales + (r0 + r) * groups;
                 rsum[r] = sums + (r0 + r) * groups;
                 o[r] = out + (r0 + r) * n + t * TILE;
             }
             switch (R) {
-            case 1: tile_rows_q8(1, xp, rs, rsum, words, tile_sz, k, group, o, width); break;
-            case 2: tile_rows_q8(2, xp, rs, rsum, words, tile_sz, k, group, o, width); break;
-            case 3: tile_rows_q8(3, xp, rs, rsum, words, tile_sz, k, group, o, width); break;
-            default: tile_rows_q8(4, xp, rs, rsum, words, tile_sz, k, group, o, width); break;
+            case 1: tile_pass(q8, 1, xp, rs, rsum, words, tile_sz, k, group, o, width); break;
+            case 2: tile_pass(q8, 2, xp, rs, rsum, words, tile_sz, k, group, o, width); break;
+            case 3: tile_pass(q8, 3, xp, rs, rsum, words, tile_sz, k, group, o, width); break;
+            default: tile_pass(q8, 4, xp, rs, rsum, words, tile_sz, k, group, o, width); break;
             }
         }
     }
-    free(xq);
+    free(scratch);
     return 0;
 }
 
-#else
-int int4_matmul_q8_available(void) { return 0; }
-int int4_matmul_q8(const void *x, int64_t m, int64_t k, const void *packed, const void *sz, int64_t n, int64_t group,
-                   void *out, int num_threads) {
-    (void)x, (void)m, (void)k, (void)packed, (void)sz, (void)n, (void)group, (void)out, (void)num_threads;
-    return -2;
+int int4_matmul(const bf16 *x, int64_t m, int64_t k, const uint32_t *packed, const bf16 *sz, int64_t n,
+                int64_t group, bf16 *out, int num_threads) {
+    return run(0, x, m, k, packed, sz, n, group, out, num_threads);
 }
-#endif
+
+int int4_matmul_q8(const bf16 *x, int64_t m, int64_t k, const uint32_t *packed, const bf16 *sz, int64_t n,
+                   int64_t group, bf16 *out, int num_threads) {
+    return run(1, x, m, k, packed, sz, n, group, out, num_threads);
+}
 
 #else /* no AVX512-BF16: the caller keeps PyTorch's int4 kernel */
 

@@ -190,11 +190,15 @@ class Int4Linear(_QuantLinearBase):
     ):
         super().__init__()
         self.out_features = out_features
-        self.in_features = scales_and_zeros.shape[0] * group_size
+        self.in_features = self._num_groups(scales_and_zeros) * group_size
         self.group_size = group_size
-        self.register_buffer("qweight", qweight)  # [N_pad, K/2] uint8, the CPU packer's layout
-        self.register_buffer("scales_and_zeros", scales_and_zeros)  # [K/g, N_pad, 2] bf16
+        self.register_buffer("qweight", qweight)  # [N_pad, K/2] uint8 here; the layout's own elsewhere
+        self.register_buffer("scales_and_zeros", scales_and_zeros)  # [K/g, N_pad, 2] bf16 here
         self.register_buffer("bias", None if bias is None else bias.detach().to(QUANT_DTYPE).clone())
+
+    @staticmethod
+    def _num_groups(scales_and_zeros: torch.Tensor) -> int:
+        return scales_and_zeros.shape[0]  # [K/g, N_pad, 2]
 
     @classmethod
     def from_codes(
@@ -207,6 +211,12 @@ class Int4Linear(_QuantLinearBase):
         """q [N, K] in [0, 15], scales_and_zeros [K/g, N, 2]: w = (q - 8) * scale + zero."""
         if q.shape[1] != scales_and_zeros.shape[0] * group_size or q.shape[0] != scales_and_zeros.shape[1]:
             raise ValueError(f"codes {tuple(q.shape)} do not match scales {tuple(scales_and_zeros.shape)}")
+        return cls._pack(q, scales_and_zeros, group_size, bias)
+
+    @classmethod
+    def _pack(
+        cls, q: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int, bias: torch.Tensor | None
+    ) -> Int4Linear:
         return cls(*pack_int4(q, scales_and_zeros), group_size, q.shape[0], bias)
 
     @classmethod
@@ -247,29 +257,20 @@ class Int4TiledLinear(Int4Linear):
         bias: torch.Tensor | None,
         kernel: Int4Kernel,
     ):
-        nn.Module.__init__(self)
-        self.out_features = out_features
-        self.in_features = scales_and_zeros.shape[1] * group_size
-        self.group_size = group_size
+        super().__init__(qweight, scales_and_zeros, group_size, out_features, bias)
         self.kernel = kernel
-        self.register_buffer("qweight", qweight)  # [T, K/8, 16] int32
-        self.register_buffer("scales_and_zeros", scales_and_zeros)  # [T, K/g, 2, 16] bf16
-        self.register_buffer("bias", None if bias is None else bias.detach().to(QUANT_DTYPE).clone())
+
+    @staticmethod
+    def _num_groups(scales_and_zeros: torch.Tensor) -> int:
+        return scales_and_zeros.shape[1]  # [T, K/g, 2, 16]
 
     @classmethod
-    def from_codes(
-        cls,
-        q: torch.Tensor,
-        scales_and_zeros: torch.Tensor,
-        group_size: int,
-        bias: torch.Tensor | None = None,
+    def _pack(
+        cls, q: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int, bias: torch.Tensor | None
     ) -> Int4TiledLinear:
-        """q [N, K] in [0, 15], scales_and_zeros [K/g, N, 2]: w = (q - 8) * scale + zero."""
         kernel = default_int4_kernel()
         if kernel is None:
             raise RuntimeError("the int4 kernel is not available on this machine (see default_int4_kernel)")
-        if q.shape[1] != scales_and_zeros.shape[0] * group_size or q.shape[0] != scales_and_zeros.shape[1]:
-            raise ValueError(f"codes {tuple(q.shape)} do not match scales {tuple(scales_and_zeros.shape)}")
         if group_size % 16:  # the kernel sums a group 16 inputs at a time
             raise ValueError(f"the int4 kernel takes groups of a multiple of 16 inputs, not {group_size}")
         return cls(*pack_int4_tiles(q, scales_and_zeros), group_size, q.shape[0], bias, kernel)

@@ -47,7 +47,7 @@ class Int4Kernel:
         int8_activations: bool = False,
     ) -> torch.Tensor:  # [M, N] bf16
         """x @ W^T. With `int8_activations` (a draft's layers; needs `function_q8`) each row is
-        rounded to int8 per group first: about 4x the relative error, 0.62-0.83x the time where
+        rounded to int8 per group first (8 bits an input: a larger error), 0.62-0.83x the time where
         the dot products bound it (from 2-8 rows on; docs/bench/int4-kernel/results/int4_rows.txt)."""
         rows, k = x.shape
         out = torch.empty(rows, out_features, dtype=torch.bfloat16)

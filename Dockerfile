@@ -23,8 +23,9 @@ COPY plugins/ plugins/
 RUN pip install . && specserve --help > /dev/null
 
 FROM python:${PYTHON_VERSION}-slim-bookworm
-# gcc builds the paged-decode attention kernel for the machine the container runs on (-march=native),
-# once, into the cache volume (engine/paged_decode_kernel.py); without it decodes take torch's slower path.
+# gcc builds our C kernels for the machine the container runs on (-march=native), once, into the cache
+# volume (engine/c_library.py): paged-decode attention and int4 matmul; without it decodes take torch's
+# slower attention and int4 layers PyTorch's kernel.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \

@@ -178,6 +178,8 @@ static inline __attribute__((always_inline)) void tile_pass(int q8, int R, const
         tile_rows_q8(R, xp, scales, sums, words, sz, k, group, out, width);
         return;
     }
+#else
+    (void)q8, (void)scales; /* `run` refuses q8 without VNNI */
 #endif
     tile_rows(R, xp, sums, words, sz, k, group, out, width);
 }

@@ -178,6 +178,7 @@ class Int4Linear(_QuantLinearBase):
     """Built from the kernel's packed buffers; `from_float` quantizes a float weight, `from_codes`
     takes codes and scales made elsewhere (e.g. read straight from GGUF Q4 blocks)."""
 
+    LAYOUT = "torch"  # the packed layout's name in the packed-layer cache (engine/quantized_loading.py)
     scales_and_zeros: torch.Tensor
 
     def __init__(
@@ -247,6 +248,8 @@ class Int4TiledLinear(Int4Linear):
     Buffers: qweight [T, K/8, 16] int32, scales_and_zeros [T, K/g, 2, 16] bf16 (T = ceil(N / 16);
     see `pack_int4_tiles`). Outputs are exact in float32 up to the summation order, then rounded to
     bf16 once, so they match `Int4Linear`'s within a bf16 rounding."""
+
+    LAYOUT = "tiles"
 
     def __init__(
         self,

@@ -158,7 +158,7 @@ def _int4_from_parts(parts: list[AffineInt4 | torch.Tensor], bias: torch.Tensor 
 
 def _int4_layout() -> str:
     """Which int4 layout this process packs: our kernel's tiles, or PyTorch's packer's."""
-    return "tiles" if default_int4_kernel() is not None else "torch"
+    return int4_layer_class().LAYOUT
 
 
 def _linear_layers(model: nn.Module) -> dict[str, nn.Linear | Int4Linear | Int8Linear]:
@@ -175,7 +175,7 @@ def _save_packed(model: nn.Module, path: Path) -> None:
         entry: dict[str, object] = {"name": name, "bias": layer.bias is not None}
         if isinstance(layer, Int4Linear):
             entry.update(kind="int4", group_size=layer.group_size, out_features=layer.out_features)
-            entry.update(layout="tiles" if isinstance(layer, Int4TiledLinear) else "torch")
+            entry.update(layout=layer.LAYOUT)
             tensors[f"{name}.qweight"] = layer.qweight
             tensors[f"{name}.scales_and_zeros"] = layer.scales_and_zeros
         elif isinstance(layer, Int8Linear):
@@ -221,10 +221,15 @@ def _load_packed(model: nn.Module, path: Path) -> None:
                 entry["out_features"],
                 bias,
             )
-            kernel = default_int4_kernel() if entry["layout"] == "tiles" else None
-            if entry["layout"] == "tiles" and kernel is None:  # the key names the layout: not expected
-                raise RuntimeError(f"{path} holds the tiled int4 layout, but the int4 kernel is unavailable")
-            layer: nn.Module = Int4TiledLinear(*int4_args, kernel) if kernel else Int4Linear(*int4_args)
+            if entry["layout"] == Int4TiledLinear.LAYOUT:
+                kernel = default_int4_kernel()
+                if kernel is None:  # the key names the layout: not expected
+                    raise RuntimeError(
+                        f"{path} holds the tiled int4 layout, but the int4 kernel is unavailable"
+                    )
+                layer: nn.Module = Int4TiledLinear(*int4_args, kernel)
+            else:
+                layer = Int4Linear(*int4_args)
         elif entry["kind"] == "int8":
             layer = Int8Linear(tensors[f"{name}.qweight"], tensors[f"{name}.scales"], bias)
         else:

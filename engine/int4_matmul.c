@@ -39,13 +39,29 @@ enum { TILE = 16, ROWS = 4, PAIRS = 4 }; /* channels per tile, rows per pass, k 
 
 int int4_matmul_available(void) { return 1; }
 
+/* 16 bf16 numbers as float32 (exact). */
+static inline __m512 load_bf16(const bf16 *p) {
+    return _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i *)p));
+}
+
+/* The tile's 16 scales of group g, and its zeros less `offset` times the scales (each path's offset). */
+static inline void group_scale(const bf16 *sz, int64_t g, __m512 offset, __m512 *scale, __m512 *shift) {
+    *scale = load_bf16(sz + 2 * TILE * g);
+    *shift = _mm512_fnmadd_ps(offset, *scale, load_bf16(sz + 2 * TILE * g + TILE));
+}
+
+/* Each row's 16 sums rounded once to bf16; the tile's first `width` channels stored. */
+static inline void store_rows(int R, const __m512 *total, bf16 *const *out, int64_t width) {
+    const __mmask16 keep = width >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << width) - 1);
+    for (int r = 0; r < R; ++r) _mm256_mask_storeu_epi16(out[r], keep, (__m256i)_mm512_cvtneps_pbh(total[r]));
+}
+
 /* Sum of each group of x's row, float32, in one fixed order (the same for a row alone or in a batch). */
 static void group_sums(const bf16 *x, int64_t k, int64_t group, float *sums) {
     for (int64_t g = 0; g < k / group; ++g) {
         __m512 acc = _mm512_setzero_ps();
         for (int64_t c = g * group; c < (g + 1) * group; c += 16) {
-            __m256i h = _mm256_loadu_si256((const __m256i *)(x + c));
-            acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+            acc = _mm512_add_ps(acc, load_bf16(x + c));
         }
         sums[g] = _mm512_reduce_add_ps(acc);
     }
@@ -79,17 +95,15 @@ static inline __attribute__((always_inline)) void tile_rows(int R, const uint32_
                 for (int i = 0; i < PAIRS; ++i)
                     acc[r][i] = _mm512_dpbf16_ps(acc[r][i], v[i], (__m512bh)_mm512_set1_epi32((int)xp[r][4 * b + i]));
         }
-        const __m512 scale = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i *)(sz + 2 * TILE * g)));
-        const __m512 zero = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i *)(sz + 2 * TILE * g + TILE)));
-        const __m512 shift = _mm512_fnmadd_ps(offset, scale, zero); /* zero - 136 * scale */
+        __m512 scale, shift; /* shift = zero - 136 * scale */
+        group_scale(sz, g, offset, &scale, &shift);
         for (int r = 0; r < R; ++r) {
             const __m512 dot = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3]));
             total[r] = _mm512_fmadd_ps(dot, scale, total[r]);
             total[r] = _mm512_fmadd_ps(shift, _mm512_set1_ps(sums[r][g]), total[r]);
         }
     }
-    const __mmask16 keep = width >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << width) - 1);
-    for (int r = 0; r < R; ++r) _mm256_mask_storeu_epi16(out[r], keep, (__m256i)_mm512_cvtneps_pbh(total[r]));
+    store_rows(R, total, out, width);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -113,14 +127,14 @@ static void quantize_row(const bf16 *x, int64_t k, int64_t group, int8_t *xq, fl
     for (int64_t g = 0; g < k / group; ++g) {
         __m512 peak = _mm512_setzero_ps();
         for (int64_t c = g * group; c < (g + 1) * group; c += 16) {
-            const __m512 v = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i *)(x + c)));
+            const __m512 v = load_bf16(x + c);
             peak = _mm512_max_ps(peak, _mm512_abs_ps(v));
         }
         const float top = _mm512_reduce_max_ps(peak);
         const __m512 inverse = _mm512_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
         __m512i total = _mm512_setzero_si512();
         for (int64_t c = g * group; c < (g + 1) * group; c += 16) {
-            const __m512 v = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i *)(x + c)));
+            const __m512 v = load_bf16(x + c);
             const __m512i q = _mm512_permutexvar_epi32(order, _mm512_cvtps_epi32(_mm512_mul_ps(v, inverse)));
             total = _mm512_add_epi32(total, q);
             _mm_storeu_si128((__m128i *)(xq + c), _mm512_cvtsepi32_epi8(q));
@@ -150,17 +164,15 @@ static inline __attribute__((always_inline)) void tile_rows_q8(int R, const uint
                 acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], odd, _mm512_set1_epi32((int)xp[r][2 * b + 1]));
             }
         }
-        const __m512 scale = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i *)(sz + 2 * TILE * g)));
-        const __m512 zero = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i *)(sz + 2 * TILE * g + TILE)));
-        const __m512 shift = _mm512_fnmadd_ps(eight, scale, zero); /* zero - 8 * scale */
+        __m512 scale, shift; /* shift = zero - 8 * scale */
+        group_scale(sz, g, eight, &scale, &shift);
         for (int r = 0; r < R; ++r) {
             const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(acc[r][0], acc[r][1]));
             const __m512 group_sum = _mm512_fmadd_ps(shift, _mm512_set1_ps(sums[r][g]), _mm512_mul_ps(dot, scale));
             total[r] = _mm512_fmadd_ps(group_sum, _mm512_set1_ps(scales[r][g]), total[r]);
         }
     }
-    const __mmask16 keep = width >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << width) - 1);
-    for (int r = 0; r < R; ++r) _mm256_mask_storeu_epi16(out[r], keep, (__m256i)_mm512_cvtneps_pbh(total[r]));
+    store_rows(R, total, out, width);
 }
 
 #define SPECSERVE_VNNI 1

@@ -26,20 +26,9 @@ from specserve.engine.runner import SequenceInput, forward_sequences
 from specserve.engine.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "issue20-s36"))
-from draft_window import heldout_prompts  # noqa: E402  (the s36 held-out set, written for that test)
+from draft_window import accepted, heldout_prompts  # noqa: E402  (the s36 held-out set and window count)
 
 BLOCK = 16
-
-
-def accepted(match: list[int], k: int) -> float:
-    """Mean tokens a greedy window of k drafts starting at each position would accept."""
-    runs = []
-    for j in range(len(match)):
-        run = 0
-        while run < k and j + run < len(match) and match[j + run]:
-            run += 1
-        runs.append(run)
-    return statistics.mean(runs)
 
 
 def main() -> None:

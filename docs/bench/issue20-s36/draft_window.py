@@ -70,6 +70,18 @@ def heldout_prompts() -> list[list[dict[str, str]]]:
     return prompts
 
 
+def accepted(match: list[int], k: int) -> float:
+    """Mean tokens a greedy window of k drafts starting at each position would accept, from the
+    draft's per-position agreement with the target (1 or 0)."""
+    runs = []
+    for j in range(len(match)):
+        run = 0
+        while run < k and j + run < len(match) and match[j + run]:
+            run += 1
+        runs.append(run)
+    return statistics.mean(runs)
+
+
 def main() -> None:
     max_tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 48
     which = sys.argv[2] if len(sys.argv) > 2 else "bench"
@@ -96,13 +108,7 @@ def main() -> None:
             st = stats.setdefault(name, {"agree": [], "k3": [], "k5": [], "fed": []})
             st["agree"].append(sum(match) / len(match))
             for k in (3, 5):
-                runs = []
-                for j in range(len(match)):
-                    run = 0
-                    while run < k and j + run < len(match) and match[j + run]:
-                        run += 1
-                    runs.append(run)
-                st[f"k{k}"].append(statistics.mean(runs))
+                st[f"k{k}"].append(accepted(match, k))
             st["fed"].append(len(seen))
     rows = []
     for name, st in stats.items():

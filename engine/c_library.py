@@ -16,13 +16,17 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c11", "-Wall")
 # Linked separately, without -ffast-math or -march: gcc 12 links crtfastmath.o into a shared library
 # built with -ffast-math, which sets flush-to-zero for the whole process (torch's maths included).
 LINK_FLAGS = ("-shared", "-fopenmp")
 _BUILD_SECONDS = 120
+
+Kernel = TypeVar("Kernel")
 
 
 class KernelBuildError(RuntimeError):
@@ -84,3 +88,20 @@ def _compile(compiler: str, flags: tuple[str, ...], source: Path, target: Path) 
                 first = (done.stderr.strip().splitlines() or ["(no output)"])[0]
                 raise KernelBuildError(f"{' '.join(command)} failed: {first}")
         os.replace(lib, target)
+
+
+def build_for_process(
+    switch: str, build: Callable[[Path, str], Kernel], unavailable: Callable[[KernelBuildError], object]
+) -> Kernel | None:
+    """A kernel for this process: `build(cache_dir, compiler)` under the model cache ($SPECSERVE_CACHE_DIR
+    or ~/.cache/specserve) with $CC or gcc. None when the environment sets `switch` to 0 (A/B runs), or,
+    after `unavailable(error)` (the caller's one log line), where it cannot be built."""
+    if os.environ.get(switch, "1") == "0":
+        return None
+    from .models.loader import default_cache_dir  # here: models import the kernels' modules
+
+    try:
+        return build(default_cache_dir(), os.environ.get("CC") or "gcc")
+    except KernelBuildError as e:
+        unavailable(e)
+        return None

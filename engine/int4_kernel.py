@@ -14,14 +14,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .c_library import KernelBuildError, build_library
+from .c_library import KernelBuildError, build_for_process, build_library
 
 logger = logging.getLogger("specserve.engine")
 
@@ -93,17 +92,13 @@ def build_int4_kernel(cache_dir: Path, compiler: str = "gcc", defines: tuple[str
 
 @functools.cache
 def default_int4_kernel() -> Int4Kernel | None:
-    """The kernel for this process, built under the model cache with $CC or gcc; None (one info line)
-    where it cannot be built or the CPU lacks AVX512-BF16, or when SPECSERVE_INT4_KERNEL=0."""
-    if os.environ.get("SPECSERVE_INT4_KERNEL", "1") == "0":
-        return None
-    from .models.loader import default_cache_dir  # here: the loader imports quantization, which imports us
-
-    try:
-        return build_int4_kernel(default_cache_dir(), os.environ.get("CC") or "gcc")
-    except KernelBuildError as e:
-        logger.info("int4 layers use PyTorch's kernel: %s", e)
-        return None
+    """The kernel for this process (`build_for_process`); None (one info line) where it cannot be
+    built or the CPU lacks AVX512-BF16, or when SPECSERVE_INT4_KERNEL=0."""
+    return build_for_process(
+        "SPECSERVE_INT4_KERNEL",
+        build_int4_kernel,
+        lambda e: logger.info("int4 layers use PyTorch's kernel: %s", e),
+    )
 
 
 def pack_int4_tiles(q: torch.Tensor, scales_and_zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

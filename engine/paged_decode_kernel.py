@@ -20,14 +20,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .c_library import KernelBuildError, build_library
+from .c_library import KernelBuildError, build_for_process, build_library
 
 __all__ = ["KernelBuildError", "PagedDecodeKernel", "build_paged_decode", "default_paged_decode"]
 
@@ -111,15 +110,10 @@ def build_paged_decode(
 
 @functools.cache
 def default_paged_decode() -> PagedDecodeKernel | None:
-    """The kernel for this process, built under the model cache ($SPECSERVE_CACHE_DIR or
-    ~/.cache/specserve) with $CC or gcc; None (one warning) where it cannot be built, or when
-    SPECSERVE_PAGED_DECODE=0."""
-    if os.environ.get("SPECSERVE_PAGED_DECODE", "1") == "0":
-        return None
-    from .models.loader import default_cache_dir  # here: models import attention, which imports us
-
-    try:
-        return build_paged_decode(default_cache_dir(), os.environ.get("CC") or "gcc")
-    except KernelBuildError as e:
-        logger.warning("paged-decode kernel unavailable, decodes use torch matmuls: %s", e)
-        return None
+    """The kernel for this process (`build_for_process`); None (one warning) where it cannot be
+    built, or when SPECSERVE_PAGED_DECODE=0."""
+    return build_for_process(
+        "SPECSERVE_PAGED_DECODE",
+        build_paged_decode,
+        lambda e: logger.warning("paged-decode kernel unavailable, decodes use torch matmuls: %s", e),
+    )

@@ -41,6 +41,8 @@ class RotaryEmbedding(torch.nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None):
         super().__init__()
+        # (positions, dtype, cos rows, sin rows) of the last forward (see _tables)
+        self._gathered: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
         if torch.get_default_device().type == "meta":
             # Built for shapes only (the loader, the weight-size estimate): the loader rebuilds the
             # table on the real device (`bind`). arange, cos, ... have no C++ meta kernels, and their
@@ -51,7 +53,6 @@ class RotaryEmbedding(torch.nn.Module):
                 width = 2 * inverse_frequencies(head_dim, theta, scaling).numel()
             self.register_buffer("cos", torch.empty(max_positions, width), persistent=False)
             self.register_buffer("sin", torch.empty(max_positions, width), persistent=False)
-            self._gathered = None
             return
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # [P, D/2]
@@ -59,7 +60,6 @@ class RotaryEmbedding(torch.nn.Module):
         # The first half negated: rotate_half(x) * sin == swap_halves(x) * signed_sin bit for bit (a
         # negation is exact and rounding is symmetric), one copy a tensor instead of a negation and one.
         self.register_buffer("sin", torch.cat([-angles.sin(), angles.sin()], dim=-1), persistent=False)
-        self._gathered: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor

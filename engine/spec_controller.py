@@ -1058,7 +1058,10 @@ class SpeculationController:
         # all back in, less each one whose charge it is no worse without (dearest per token left
         # first, one pass), and the better plan is drafted.
         bar = no_adaptive_drafts * self.required_gain(num_sequences)
-        shared = [rid for rid in catch_ups if best_prefix([sl for sl in slots if sl[2] == rid])[0] < bar]
+        own: dict[str, list[tuple[float, int, str]]] = {}  # request id -> its slots, in order
+        for sl in slots:
+            own.setdefault(sl[2], []).append(sl)
+        shared = [rid for rid in catch_ups if best_prefix(own.get(rid, []))[0] < bar]
         best, best_n, order = best_plan([sl for sl in slots if sl[2] not in shared])
         if shared:
             together, plan = slots, best_plan(slots)

@@ -1122,11 +1122,28 @@ class SpeculationController:
         # a prompt, were all the policy cost (work 0.989-0.993x of off's, the PROBE_BUDGET share).
         drafted_slots, threshold = order[:best_n], (best if best_n > 0 else bar)
 
-        def could_pay(c: Candidate) -> bool:
-            certain = [(factor[c.request_id], j, c.request_id) for j in range(min(c.cap, self.k_max))]
+        def joins_plan(rid: str, num_drafts: int, value: float) -> bool:
+            certain = [(value, j, rid) for j in range(num_drafts)]
             merged = sorted(drafted_slots + certain, key=lambda s: (-s[0], s[1]))
             g, n = best_prefix(merged)
-            return g > threshold and any(rid == c.request_id for _, _, rid in merged[:n])
+            return g > threshold and any(r == rid for _, _, r in merged[:n])
+
+        # A catch-up only makes drafts dearer, so a costly request that would not join the plan without
+        # one does not with it: that answer is shared by every such request of the same cap and value
+        # (at 32 Qwen-pair clients, one plan weighed a step instead of one a request).
+        without_catch_up: dict[tuple[int, float], bool] = {}
+
+        def could_pay(c: Candidate) -> bool:
+            num_drafts, value = min(c.cap, self.k_max), factor[c.request_id]
+            if c.request_id not in free:
+                key = (num_drafts, value)
+                if key not in without_catch_up:  # a request id no catch-up or free proposal has
+                    without_catch_up[key] = joins_plan("\0bound", num_drafts, value)
+                if not without_catch_up[key]:
+                    return False
+                if c.request_id not in catch_ups:
+                    return True
+            return joins_plan(c.request_id, num_drafts, value)
 
         probed = [] if refresh else self._probe(candidates, k, num_sequences, base_tokens, free, could_pay)
         for c in candidates:  # probes' catch-ups too: drafting may go on after them, for free
@@ -1202,7 +1219,7 @@ class SpeculationController:
                 state.interval = FIRST_PROBE_INTERVAL
                 continue
             state.steps_without_drafts += 1
-            if state.steps_without_drafts >= state.interval and could_pay(c):
+            if state.steps_without_drafts >= state.interval:
                 due.append((c, state))
         num_tokens = base_tokens + sum(v for v in k.values() if v > 0)
         step_seconds = self.step_seconds(num_sequences, base_tokens, k, free)
@@ -1226,7 +1243,7 @@ class SpeculationController:
         for c, state in due:
             # A probe the savings do not cover waits; a cheaper one behind it need not.
             charge = price(c)
-            if charge > self._probe_savings:
+            if charge > self._probe_savings or not could_pay(c):  # the cheap test first
                 continue
             self._probe_savings -= charge
             num_tokens += 1  # the next probe's row comes after this one's

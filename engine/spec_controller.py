@@ -1118,32 +1118,26 @@ class SpeculationController:
         # A probe only refreshes an estimate, so it is worth its price only where some estimate could
         # make the optimiser draft for its request: if the plan drafted would not take the request's
         # drafts even were every one of them accepted, no answer the probe brings changes a decision.
-        # At 16-32 Qwen-pair clients (AMD EPYC) nothing drafted and the probes, each feeding the draft
-        # a prompt, were all the policy cost (work 0.989-0.993x of off's, the PROBE_BUDGET share).
+        # Judged without the request's catch-up: the probe feeds it (out of the probe budget), so
+        # later drafts do not pay it again. At 16-32 Qwen-pair clients (AMD EPYC) nothing drafted and
+        # the probes, each feeding the draft a prompt, were all the policy cost (work 0.989-0.993x of
+        # off's, the PROBE_BUDGET share).
         drafted_slots, threshold = order[:best_n], (best if best_n > 0 else bar)
-
-        def joins_plan(rid: str, num_drafts: int, value: float) -> bool:
-            certain = [(value, j, rid) for j in range(num_drafts)]
-            merged = sorted(drafted_slots + certain, key=lambda s: (-s[0], s[1]))
-            g, n = best_prefix(merged)
-            return g > threshold and any(r == rid for _, _, r in merged[:n])
-
-        # A catch-up only makes drafts dearer, so a costly request that would not join the plan without
-        # one does not with it: that answer is shared by every such request of the same cap and value
-        # (at 32 Qwen-pair clients, one plan weighed a step instead of one a request).
-        without_catch_up: dict[tuple[int, float], bool] = {}
+        # The answer is the same for every costly request of the same cap and value (its id only names
+        # its slots), so it is asked once a step per pair (at 32 Qwen-pair clients one plan weighed a
+        # step instead of one a request); a free proposal keeps its own id (its slots add no draft step).
+        answers: dict[tuple[int, float, bool], bool] = {}
 
         def could_pay(c: Candidate) -> bool:
-            num_drafts, value = min(c.cap, self.k_max), factor[c.request_id]
-            if c.request_id not in free:
-                key = (num_drafts, value)
-                if key not in without_catch_up:  # a request id no catch-up or free proposal has
-                    without_catch_up[key] = joins_plan("\0bound", num_drafts, value)
-                if not without_catch_up[key]:
-                    return False
-                if c.request_id not in catch_ups:
-                    return True
-            return joins_plan(c.request_id, num_drafts, value)
+            is_free = c.request_id in free
+            key = (min(c.cap, self.k_max), factor[c.request_id], is_free)
+            if key not in answers:
+                rid = c.request_id if is_free else "\0probe"  # an id no catch-up is kept under
+                certain = [(key[1], j, rid) for j in range(key[0])]
+                merged = sorted(drafted_slots + certain, key=lambda s: (-s[0], s[1]))
+                g, n = best_prefix(merged)
+                answers[key] = g > threshold and any(r == rid for _, _, r in merged[:n])
+            return answers[key]
 
         probed = [] if refresh else self._probe(candidates, k, num_sequences, base_tokens, free, could_pay)
         for c in candidates:  # probes' catch-ups too: drafting may go on after them, for free

@@ -24,6 +24,8 @@ Pure Python (no torch): the scheduler calls it. Three parts, each replaceable on
   Probes are paid from a budget: PROBE_BUDGET of the server's step time, so that when speculation
   never pays, probing it costs at most that share (a probe's price is the extra verification row plus
   what the proposer spent on the last probes, which includes a draft model's or head's catch-up).
+  And a probe is bought only where its answer could change a decision: where the request's drafts,
+  every one accepted, would join the plan chosen (see `choose`).
 
 Requests under the static policy get their cap (today's behaviour); the controller optimises the
 adaptive ones around them.

@@ -71,8 +71,9 @@ class RotaryEmbedding(torch.nn.Module):
     def _tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin at `positions`, in `dtype`. Every layer of a model shares this module and
         gets the same positions tensor in a forward, so the rows are gathered once a forward, not once
-        a layer (four gathers and casts a layer were ~0.3 ms of a Qwen2.5-0.5B one-row step of ~10 ms);
-        the gathered rows hold a reference to `positions`, so a later tensor cannot pass for it."""
+        a layer (with the sign folded into the table, a Qwen2.5-0.5B int4 draft step took 0.953x the
+        time: docs/bench/issue20-s38/results/rope_tables.txt); the gathered rows hold a reference to
+        `positions`, so a later tensor cannot pass for it."""
         gathered = self._gathered
         if gathered is not None and gathered[0] is positions and gathered[1] == dtype:
             return gathered[2], gathered[3]

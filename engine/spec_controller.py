@@ -1125,17 +1125,18 @@ class SpeculationController:
         # the probes, each feeding the draft a prompt, were all the policy cost (work 0.989-0.993x of
         # off's, the PROBE_BUDGET share).
         drafted_slots, threshold = order[:best_n], (best if best_n > 0 else bar)
-        # The answer is the same for every costly request of the same cap and value (its id only names
-        # its slots), so it is asked once a step per pair (at 32 Qwen-pair clients one plan weighed a
-        # step instead of one a request); a free proposal keeps its own id (its slots add no draft step).
-        answers: dict[tuple[int, float, bool], bool] = {}
+        # The answer is the same for every request of the same cap and kind (its id only names its
+        # slots, and its slots' value is its kind's gain calibration), so it is asked once a step per
+        # pair (at 32 Qwen-pair clients one plan weighed a step instead of one a request); a free
+        # proposal keeps its own id (its slots add no draft step).
+        answers: dict[tuple[int, bool], bool] = {}
 
         def could_pay(c: Candidate) -> bool:
             is_free = c.request_id in free
-            key = (min(c.cap, self.k_max), factor[c.request_id], is_free)
+            key = (min(c.cap, self.k_max), is_free)
             if key not in answers:
                 rid = c.request_id if is_free else "\0probe"  # an id no catch-up is kept under
-                certain = [(key[1], j, rid) for j in range(key[0])]
+                certain = [(self.gain_calibration[is_free].factor, j, rid) for j in range(key[0])]
                 merged = sorted(drafted_slots + certain, key=lambda s: (-s[0], s[1]))
                 g, n = best_prefix(merged)
                 answers[key] = g > threshold and any(r == rid for _, _, r in merged[:n])
@@ -1185,8 +1186,8 @@ class SpeculationController:
         k: dict[str, int],
         num_sequences: int,
         base_tokens: int,
-        free: frozenset[str] = frozenset(),
-        could_pay: Callable[[Candidate], bool] = lambda c: True,
+        free: frozenset[str],
+        could_pay: Callable[[Candidate], bool],
     ) -> list[str]:
         """One draft, now and then, for a request the optimiser gave none: its acceptance estimate
         may be stale (content changes) or only a prior. A request is due for a probe after `interval`

@@ -294,9 +294,9 @@ class Int4TiledLinear(Int4Linear):
 def round_draft_activations(model: nn.Module) -> int:
     """Let a draft's tiled int4 layers round their inputs to int8 (per row and group of inputs) and
     multiply in int8 (engine/int4_matmul.c's VNNI path): 0.62-0.83x the bf16-activation time at 2-256
-    rows on the Qwen2.5-0.5B MLP shapes, 8-256 for the LM head (fewer rows are bound by memory: the same), and the draft agrees with
-    the target as often (docs/bench/int4-kernel). Only for a draft, whose numbers decide what it proposes, never
-    what the target emits. Returns the number of layers switched (0 where the CPU lacks VNNI, or with
+    rows on the Qwen2.5-0.5B MLP shapes, 8-256 for the LM head (fewer rows are bound by memory: the
+    same), and the draft agrees with the target as often (docs/bench/int4-kernel). Only for a draft,
+    whose numbers decide what it proposes, never what the target emits. Returns the number of layers switched (0 where the CPU lacks VNNI, or with
     SPECSERVE_DRAFT_INT8_ACTIVATIONS=0)."""
     if os.environ.get("SPECSERVE_DRAFT_INT8_ACTIVATIONS", "1") == "0":
         return 0

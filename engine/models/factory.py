@@ -7,10 +7,12 @@ from pathlib import Path
 import torch
 
 from ..attention import select_attention_backend
+from ..bf16_kernel import default_bf16_kernel
 from .arch import ArchConfig
 from .decoder import CausalDecoder
 from .registry import build_decoder, family_of
 from .row_invariant_linear import make_linears_row_invariant
+from .small_batch_linear import use_small_batch_kernel
 from .weights import load_safetensors_weights
 
 
@@ -41,5 +43,9 @@ def load_decoder(
     load_safetensors_weights(model, directory, family_of(cfg).weight_layout, skip=skip)
     if batch_invariant:  # and linear layers whose lone rows round as rows in a batch do
         make_linears_row_invariant(model)
+    elif dtype == torch.bfloat16 and torch.device(device).type == "cpu":
+        kernel = default_bf16_kernel()  # decodes and verification windows on our kernel
+        if kernel is not None:
+            use_small_batch_kernel(model, kernel)
     # Norm weights stay in the model dtype; the norms themselves compute in float32.
     return model.eval().requires_grad_(False)

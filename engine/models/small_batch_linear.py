@@ -1,0 +1,59 @@
+"""bf16 linear layers that send forwards of few rows (decodes, verification windows) to our kernel
+(engine/bf16_kernel.py) and the rest (prefill chunks) to torch's.
+
+Not for `--batch-invariant`: there a row's result must not depend on how many rows share the call,
+and the two kernels round differently; that mode keeps torch's kernel for every row count
+(row_invariant_linear.py). Within the kernel's range a row's result is the same for any row count.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..bf16_kernel import Bf16Kernel
+
+# Whole forwards of SmolLM2 and Qwen2.5-Coder-1.5B of 1-48 rows ran 0.53-0.99x torch's time
+# (AMD EPYC, 2 threads; docs/bench/issue20-s39/results/forward_rows.txt); layer by layer a few shapes
+# lose from 32 rows on (SmolLM2's LM head 1.18x at 48), the rest win (bf16_rows.txt). Beyond, oneDNN's
+# blocking is the better bet (prefill chunks are that many rows).
+MAX_KERNEL_ROWS = 48
+
+
+class SmallBatchLinear(nn.Linear):
+    """nn.Linear whose bf16 forwards of at most `MAX_KERNEL_ROWS` rows run our kernel."""
+
+    kernel: Bf16Kernel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
+        rows = x.numel() // self.in_features
+        if rows > MAX_KERNEL_ROWS or x.dtype != torch.bfloat16 or self.weight.dtype != torch.bfloat16:
+            return F.linear(x, self.weight, self.bias)
+        x2 = x.reshape(rows, self.in_features)  # [M, K]
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        return self.kernel(x2, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
+
+
+def use_small_batch_kernel(model: nn.Module, kernel: Bf16Kernel) -> int:
+    """Swap every plain bf16 nn.Linear of `model` (CPU, contiguous weight) for a SmallBatchLinear holding
+    the same parameters (tied weights stay tied); returns how many were swapped."""
+    swaps = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if type(child) is nn.Linear
+        and child.weight.dtype == torch.bfloat16
+        and child.weight.device.type == "cpu"
+        and child.weight.is_contiguous()
+        and (child.bias is None or child.bias.dtype == torch.bfloat16)
+    ]
+    for parent, name, linear in swaps:
+        with torch.device("meta"):
+            swapped = SmallBatchLinear(linear.in_features, linear.out_features, bias=linear.bias is not None)
+        swapped.weight = linear.weight
+        swapped.bias = linear.bias
+        swapped.kernel = kernel
+        setattr(parent, name, swapped)
+    return len(swaps)

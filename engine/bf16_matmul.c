@@ -1,13 +1,13 @@
 /* bf16 x bf16 linear layers for a few rows on the CPU: decodes and verification windows.
  *
  * Built and loaded by engine/bf16_kernel.py (gcc -O3 -march=native -fopenmp, at first use). torch's
- * bf16 nn.Linear on the CPU (oneDNN) is slow where a decode or a verification window needs it: one row
- * of Qwen2.5-1.5B's gate/up projection (55 MiB of weights) took 3.05 ms, ~18 GB/s, where the machine
- * streams ~30 (AMD EPYC, 2 threads; docs/bench/issue20-s39/results/bf16_rows.txt). Here the weights are
- * read once per call in their own layout ([N, K], as nn.Linear keeps them: no packed copy), a block of
- * CHANNELS output channels at a time, and every row of the call is multiplied against the block while
- * it sits in the cache: that row 2.14 ms, and 0.45-0.97x torch's time for 1-16 rows over the linear
- * layers of SmolLM2 and the Qwen2.5 pair. From ~32 rows oneDNN's blocking catches up.
+ * bf16 nn.Linear on the CPU (oneDNN) reads a decode's weights well below the rate the machine streams
+ * them, and from a few rows on it adds the rows' arithmetic to that stream. Here the weights are read
+ * once per call in their own layout ([N, K], as nn.Linear keeps them: no packed copy), a block of
+ * CHANNELS output channels at a time; every row of the call is multiplied against the block while it
+ * sits in the cache, and the last pass over a block brings the next one into L2. Over the linear layers
+ * of SmolLM2 and the Qwen2.5 pair (AMD EPYC, 2 threads; docs/bench/issue20-s39/results/bf16_rows.txt):
+ * 0.37-0.63x torch's time for 1-4 rows, 0.48-0.72x for 16, 0.56-0.99x for 48.
  *
  * Each output is the dot product of a row of x and a row of w: one bf16 dot-product instruction per 32
  * inputs into a float32 accumulator of 16 lanes, in K order, then the lanes summed by the same tree for
@@ -55,12 +55,13 @@ static inline void reduce16(const __m512 *a, float *sums) {
  * (inlined, unrolled), so the R*C accumulators live in registers. */
 static inline __attribute__((always_inline)) void block(int R, int C, const bf16 *const *xr,
                                                         const bf16 *const *wc, int64_t k, const bf16 *bias,
-                                                        bf16 *const *out) {
+                                                        bf16 *const *out, const bf16 *ahead, int ahead_rows) {
     __m512 acc[ROWS][CHANNELS];
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
     const int64_t whole = k - k % CHUNK;
     for (int64_t kk = 0; kk < whole; kk += CHUNK) {
+        for (int c = 0; c < ahead_rows; ++c) _mm_prefetch((const char *)(ahead + c * k + kk), _MM_HINT_T1);
         __m512bh xv[ROWS];
         for (int r = 0; r < R; ++r) xv[r] = (__m512bh)_mm512_loadu_si512(xr[r] + kk);
         for (int c = 0; c < C; ++c) {
@@ -97,12 +98,12 @@ static inline __attribute__((always_inline)) void block(int R, int C, const bf16
 
 static inline __attribute__((always_inline)) void rows_block(int C, int R, const bf16 *const *xr,
                                                              const bf16 *const *wc, int64_t k, const bf16 *bias,
-                                                             bf16 *const *out) {
+                                                             bf16 *const *out, const bf16 *ahead, int ahead_rows) {
     switch (R) {
-    case 1: block(1, C, xr, wc, k, bias, out); break;
-    case 2: block(2, C, xr, wc, k, bias, out); break;
-    case 3: block(3, C, xr, wc, k, bias, out); break;
-    default: block(4, C, xr, wc, k, bias, out); break;
+    case 1: block(1, C, xr, wc, k, bias, out, ahead, ahead_rows); break;
+    case 2: block(2, C, xr, wc, k, bias, out, ahead, ahead_rows); break;
+    case 3: block(3, C, xr, wc, k, bias, out, ahead, ahead_rows); break;
+    default: block(4, C, xr, wc, k, bias, out, ahead, ahead_rows); break;
     }
 }
 
@@ -125,13 +126,18 @@ int bf16_matmul(const bf16 *x, int64_t m, int64_t k, int64_t x_stride, const bf1
                 o[r] = out + (r0 + r) * n + c0;
             }
             const bf16 *bb = bias != NULL ? bias + c0 : NULL;
+            /* The last pass over this block brings the next block's weights into L2 (those rows follow
+             * this block's in memory), so the rows' arithmetic overlaps the next weights' stream. */
+            const int64_t next = c0 + C;
+            const int ahead_rows = r0 + R >= m && next < n ? (int)(n - next < CHANNELS ? n - next : CHANNELS) : 0;
+            const bf16 *ahead = w + next * k;
             switch (C) {
-            case 1: rows_block(1, R, xr, wc, k, bb, o); break;
-            case 2: rows_block(2, R, xr, wc, k, bb, o); break;
-            case 3: rows_block(3, R, xr, wc, k, bb, o); break;
-            case 4: rows_block(4, R, xr, wc, k, bb, o); break;
-            case 5: rows_block(5, R, xr, wc, k, bb, o); break;
-            default: rows_block(6, R, xr, wc, k, bb, o); break;
+            case 1: rows_block(1, R, xr, wc, k, bb, o, ahead, ahead_rows); break;
+            case 2: rows_block(2, R, xr, wc, k, bb, o, ahead, ahead_rows); break;
+            case 3: rows_block(3, R, xr, wc, k, bb, o, ahead, ahead_rows); break;
+            case 4: rows_block(4, R, xr, wc, k, bb, o, ahead, ahead_rows); break;
+            case 5: rows_block(5, R, xr, wc, k, bb, o, ahead, ahead_rows); break;
+            default: rows_block(6, R, xr, wc, k, bb, o, ahead, ahead_rows); break;
             }
         }
     }

@@ -14,10 +14,9 @@ from torch import nn
 
 from ..bf16_kernel import Bf16Kernel
 
-# Whole forwards of SmolLM2 and Qwen2.5-Coder-1.5B of 1-48 rows ran 0.53-0.99x torch's time
-# (AMD EPYC, 2 threads; docs/bench/issue20-s39/results/forward_rows.txt); layer by layer a few shapes
-# lose from 32 rows on (SmolLM2's LM head 1.18x at 48), the rest win (bf16_rows.txt). Beyond, oneDNN's
-# blocking is the better bet (prefill chunks are that many rows).
+# Whole forwards of SmolLM2 and Qwen2.5-Coder-1.5B of 1-48 rows ran 0.53-0.92x torch's time, layer
+# by layer 0.37-0.99x (AMD EPYC, 2 threads; docs/bench/issue20-s39/results/forward_rows.txt,
+# bf16_rows.txt); from 64 rows the two are level, and prefill chunks, many more rows, keep oneDNN.
 MAX_KERNEL_ROWS = 48
 
 
@@ -28,7 +27,14 @@ class SmallBatchLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
         rows = x.numel() // self.in_features
-        if rows > MAX_KERNEL_ROWS or x.dtype != torch.bfloat16 or self.weight.dtype != torch.bfloat16:
+        # Prefill chunks, and a layer or input moved off the CPU or to another dtype since the swap.
+        if (
+            rows > MAX_KERNEL_ROWS
+            or x.dtype != torch.bfloat16
+            or self.weight.dtype != torch.bfloat16
+            or x.device.type != "cpu"
+            or self.weight.device.type != "cpu"
+        ):
             return F.linear(x, self.weight, self.bias)
         x2 = x.reshape(rows, self.in_features)  # [M, K]
         if x2.stride(-1) != 1:

@@ -28,10 +28,10 @@ enum { ROWS = 4, CHANNELS = 6, CHUNK = 32 }; /* rows and channels a pass, inputs
 
 int bf16_matmul_available(void) { return 1; }
 
-/* The 16 lane sums of 16 accumulators: sums[i] = the lanes of a[i] added by the tree of
- * _mm512_reduce_add_ps (lanes j and j + 8, then j and j + 4, j and j + 2, j and j + 1), so each sum is
- * the same number whichever accumulators share the call; 15 additions and 30 shuffles for the 16
- * where one at a time takes 4 and ~4 a sum. */
+/* The 16 lane sums of 16 accumulators: sums[i] = the lanes of a[i] added by one tree (lanes j and j + 8,
+ * then j and j + 4, j and j + 2, j and j + 1), so each sum is the same number whichever accumulators
+ * share the call; 15 additions and 30 shuffles for the 16, where summing each alone takes 4 additions
+ * and ~4 shuffles. */
 static inline void reduce16(const __m512 *a, float *sums) {
     __m512 v1[8], v2[4], v3[2];
     for (int i = 0; i < 8; ++i) /* [a[2i] lanes j + (j+8), a[2i+1] lanes j + (j+8)], j < 8 */

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .linear_swap import swap_linears
+
 
 class RowInvariantLinear(nn.Linear):
     """nn.Linear that computes a lone row as the first of two (the second zero)."""
@@ -30,18 +32,4 @@ class RowInvariantLinear(nn.Linear):
 def make_linears_row_invariant(model: nn.Module) -> int:
     """Swap every plain nn.Linear of `model` for a RowInvariantLinear holding the same parameters (tied
     weights stay tied); returns how many were swapped. Quantized layers keep their own kernels."""
-    swaps = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if type(child) is nn.Linear
-    ]
-    for parent, name, linear in swaps:
-        with torch.device("meta"):
-            invariant = RowInvariantLinear(
-                linear.in_features, linear.out_features, bias=linear.bias is not None
-            )
-        invariant.weight = linear.weight
-        invariant.bias = linear.bias
-        setattr(parent, name, invariant)
-    return len(swaps)
+    return len(swap_linears(model, RowInvariantLinear))

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..bf16_kernel import Bf16Kernel
+from .linear_swap import swap_linears
 
 # Whole forwards of SmolLM2 and Qwen2.5-Coder-1.5B of 1-48 rows ran 0.53-0.92x torch's time, layer
 # by layer 0.37-0.99x (AMD EPYC, 2 threads; docs/bench/issue20-s39/results/forward_rows.txt,
@@ -45,21 +46,16 @@ class SmallBatchLinear(nn.Linear):
 def use_small_batch_kernel(model: nn.Module, kernel: Bf16Kernel) -> int:
     """Swap every plain bf16 nn.Linear of `model` (CPU, contiguous weight) for a SmallBatchLinear holding
     the same parameters (tied weights stay tied); returns how many were swapped."""
-    swaps = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if type(child) is nn.Linear
-        and child.weight.dtype == torch.bfloat16
-        and child.weight.device.type == "cpu"
-        and child.weight.is_contiguous()
-        and (child.bias is None or child.bias.dtype == torch.bfloat16)
-    ]
-    for parent, name, linear in swaps:
-        with torch.device("meta"):
-            swapped = SmallBatchLinear(linear.in_features, linear.out_features, bias=linear.bias is not None)
-        swapped.weight = linear.weight
-        swapped.bias = linear.bias
-        swapped.kernel = kernel
-        setattr(parent, name, swapped)
-    return len(swaps)
+
+    def takes(linear: nn.Linear) -> bool:
+        return (
+            linear.weight.dtype == torch.bfloat16
+            and linear.weight.device.type == "cpu"
+            and linear.weight.is_contiguous()
+            and (linear.bias is None or linear.bias.dtype == torch.bfloat16)
+        )
+
+    layers = swap_linears(model, SmallBatchLinear, takes)
+    for layer in layers:
+        layer.kernel = kernel
+    return len(layers)

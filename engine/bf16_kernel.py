@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .c_library import KernelBuildError, build_for_process, build_library
+from .c_library import KernelBuildError, build_for_process, build_library, int_function
 
 logger = logging.getLogger("specserve.engine")
 
@@ -59,10 +59,9 @@ def build_bf16_kernel(cache_dir: Path, compiler: str = "gcc", defines: tuple[str
     target, library = build_library(SOURCE, cache_dir, compiler, defines)
     if not library.bf16_matmul_available():
         raise KernelBuildError("the bf16 kernel needs AVX512-BF16, which this compiler does not target")
-    function = library.bf16_matmul
-    function.restype = ctypes.c_int
-    function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    function.argtypes += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    arguments: list[type] = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    arguments += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    function = int_function(library, "bf16_matmul", *arguments)
     return Bf16Kernel(path=target, function=function)
 
 

@@ -90,6 +90,15 @@ def _compile(compiler: str, flags: tuple[str, ...], source: Path, target: Path) 
         os.replace(lib, target)
 
 
+def int_function(library: ctypes.CDLL, name: str, *argtypes: type) -> Callable[..., int]:
+    """`library`'s C function `name`, which returns an int, with its argument types set (ctypes then
+    converts every call's arguments and refuses a wrong count)."""
+    function = getattr(library, name)
+    function.restype = ctypes.c_int
+    function.argtypes = list(argtypes)
+    return function
+
+
 def build_for_process(
     switch: str, build: Callable[[Path, str], Kernel], unavailable: Callable[[KernelBuildError], object]
 ) -> Kernel | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .c_library import KernelBuildError, build_for_process, build_library
+from .c_library import KernelBuildError, build_for_process, build_library, int_function
 
 logger = logging.getLogger("specserve.engine")
 
@@ -75,17 +75,15 @@ def build_int4_kernel(cache_dir: Path, compiler: str = "gcc", defines: tuple[str
     target, library = build_library(SOURCE, cache_dir, compiler, defines)
     if not library.int4_matmul_available():
         raise KernelBuildError("the int4 kernel needs AVX512-BF16, which this compiler does not target")
-    functions = [library.int4_matmul, library.int4_matmul_q8]
-    for function in functions:
-        function.restype = ctypes.c_int
-        function.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_int64,
-            ctypes.c_int64,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-        ]
-        function.argtypes += [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    arguments: list[type] = [
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+    ]
+    arguments += [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    functions = [int_function(library, name, *arguments) for name in ("int4_matmul", "int4_matmul_q8")]
     q8 = functions[1] if library.int4_matmul_q8_available() else None
     return Int4Kernel(path=target, function=functions[0], function_q8=q8)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .c_library import KernelBuildError, build_for_process, build_library
+from .c_library import KernelBuildError, build_for_process, build_library, int_function
 
 __all__ = ["KernelBuildError", "PagedDecodeKernel", "build_paged_decode", "default_paged_decode"]
 
@@ -96,14 +96,9 @@ def build_paged_decode(
     """Compile (or reuse) the kernel under `cache_dir`/kernels and load it. `defines` are extra -D
     macros (SPECSERVE_GENERIC builds the plain loops only). Raises KernelBuildError."""
     target, library = build_library(SOURCE, cache_dir, compiler, defines)
-    function = library.paged_decode
-    function.restype = ctypes.c_int
-    function.argtypes = (
-        [ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int]
-    )
-    vector_head = library.paged_decode_vector_head
-    vector_head.restype = ctypes.c_int
-    vector_head.argtypes = [ctypes.c_int64]
+    arguments = [ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int]
+    function = int_function(library, "paged_decode", *arguments)
+    vector_head = int_function(library, "paged_decode_vector_head", ctypes.c_int64)
     heads = frozenset(d for d in _HEAD_SIZES_ASKED if vector_head(d))
     return PagedDecodeKernel(path=target, vector_heads=heads, function=function)
 

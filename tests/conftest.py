@@ -26,6 +26,23 @@ def pytest_configure(config: pytest.Config) -> None:
         compileall.compile_dir(root / package, quiet=1)
 
 
+@pytest.fixture
+def switch_kernel_off(monkeypatch):
+    """Call it with a C kernel's switch (SPECSERVE_..._KERNEL) and its cached per-process builder: the
+    builder then answers as in a process started with the switch at 0. Both are restored afterwards."""
+    cleared = []
+
+    def off(switch: str, default) -> None:
+        monkeypatch.setenv(switch, "0")
+        default.cache_clear()
+        cleared.append(default)
+
+    yield off
+    monkeypatch.undo()
+    for default in cleared:
+        default.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tiny-llama")

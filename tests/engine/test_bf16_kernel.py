@@ -127,16 +127,8 @@ def test_the_loader_installs_it_for_bf16_cpu_models_only(kernel, tiny_llama_dir)
     assert linears(load_decoder(tiny_llama_dir, torch.bfloat16, batch_invariant=True)) == {RowInvariantLinear}
 
 
-@pytest.fixture
-def kernel_switched_off(monkeypatch):
-    monkeypatch.setenv("SPECSERVE_BF16_KERNEL", "0")
-    bf16_kernel.default_bf16_kernel.cache_clear()
-    yield
-    monkeypatch.undo()
-    bf16_kernel.default_bf16_kernel.cache_clear()
-
-
-def test_switched_off_bf16_models_keep_torchs_kernel(kernel_switched_off, tiny_llama_dir):
+def test_switched_off_bf16_models_keep_torchs_kernel(switch_kernel_off, tiny_llama_dir):
+    switch_kernel_off("SPECSERVE_BF16_KERNEL", bf16_kernel.default_bf16_kernel)
     assert bf16_kernel.default_bf16_kernel() is None
     model = load_decoder(tiny_llama_dir, torch.bfloat16)
     assert {type(m) for m in model.modules() if isinstance(m, nn.Linear)} == {nn.Linear}

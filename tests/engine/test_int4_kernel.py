@@ -119,16 +119,8 @@ def test_layers_take_the_tiled_kernel_where_it_runs(kernel):
     )
 
 
-@pytest.fixture
-def kernel_switched_off(monkeypatch):
-    monkeypatch.setenv("SPECSERVE_INT4_KERNEL", "0")
-    int4_kernel.default_int4_kernel.cache_clear()
-    yield
-    monkeypatch.undo()
-    int4_kernel.default_int4_kernel.cache_clear()
-
-
-def test_switched_off_int4_layers_keep_pytorchs_kernel(kernel_switched_off):
+def test_switched_off_int4_layers_keep_pytorchs_kernel(switch_kernel_off):
+    switch_kernel_off("SPECSERVE_INT4_KERNEL", int4_kernel.default_int4_kernel)
     assert int4_kernel.default_int4_kernel() is None and int4_layer_class() is Int4Linear
     layer = quantize_weight(torch.randn(64, 128), None, "int4", 64)
     assert type(layer) is Int4Linear

@@ -296,8 +296,8 @@ def round_draft_activations(model: nn.Module) -> int:
     multiply in int8 (engine/int4_matmul.c's VNNI path): 0.62-0.83x the bf16-activation time at 2-256
     rows on the Qwen2.5-0.5B MLP shapes, 8-256 for the LM head (fewer rows are bound by memory: the
     same), and the draft agrees with the target as often (docs/bench/int4-kernel). Only for a draft,
-    whose numbers decide what it proposes, never what the target emits. Returns the number of layers switched (0 where the CPU lacks VNNI, or with
-    SPECSERVE_DRAFT_INT8_ACTIVATIONS=0)."""
+    whose numbers decide what it proposes, never what the target emits. Returns the number of layers
+    switched (0 where the CPU lacks VNNI, or with SPECSERVE_DRAFT_INT8_ACTIVATIONS=0)."""
     if os.environ.get("SPECSERVE_DRAFT_INT8_ACTIVATIONS", "1") == "0":
         return 0
     layers = [m for m in model.modules() if isinstance(m, Int4TiledLinear) and m.kernel.function_q8]

@@ -11,7 +11,9 @@ from specserve.benchmarks import serve
 
 
 def test_serve_quick_smoke(tiny_llama_dir, tmp_path):
-    server = start_server(tiny_llama_dir, tmp_path)
+    # The static policy drafts every step it may: whether the adaptive one drafts within 12 tokens
+    # depends on the step times it measures (under the full suite's load it once drafted nothing).
+    server = start_server(tiny_llama_dir, tmp_path, "--speculative-policy", "static")
     try:
         out = tmp_path / "out"
         code = serve.main(
@@ -50,9 +52,7 @@ def test_serve_quick_smoke(tiny_llama_dir, tmp_path):
         for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
             assert set(cell[key]) == {"p50", "p90", "p99"}
         assert cell["ttft_s"]["p50"] > 0 and cell["output_tokens_per_s"] > 0
-        # The per-request toggle really turns speculation off (ngram on the server by default). The
-        # first decode steps at a batch size are plain (the controller measures their price first), so
-        # requests get enough tokens to draft after them.
+        # The per-request toggle really turns speculation off (ngram on the server by default).
         assert (cell["acceptance_rate"] is None) == (cell["mode"] == "off")
     # Each cell's wall-clock window (what `bench steps --serve-report` cuts a step log by), in order.
     windows = [(c["started"], c["ended"]) for c in report["cells"]]

@@ -8,8 +8,10 @@ import torch
 
 from ..attention import select_attention_backend
 from ..bf16_kernel import default_bf16_kernel
+from ..row_ops_kernel import default_row_ops_kernel
 from .arch import ArchConfig
 from .decoder import CausalDecoder
+from .layers import use_row_ops
 from .registry import build_decoder, family_of
 from .row_invariant_linear import make_linears_row_invariant
 from .small_batch_linear import use_small_batch_kernel
@@ -47,5 +49,9 @@ def load_decoder(
         kernel = default_bf16_kernel()  # decodes and verification windows on our kernel
         if kernel is not None:
             use_small_batch_kernel(model, kernel)
+    if dtype == torch.bfloat16 and torch.device(device).type == "cpu":
+        row_ops = default_row_ops_kernel()  # norms, rope, silu * up: one C call each, row-invariant
+        if row_ops is not None:
+            use_row_ops(model, row_ops)
     # Norm weights stay in the model dtype; the norms themselves compute in float32.
     return model.eval().requires_grad_(False)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import AttentionBackend, AttentionMetadata, paged_attention
+from ..row_ops_kernel import RowOpsKernel, takes
 from .arch import ArchConfig
 from .rope import RotaryEmbedding
 
@@ -36,17 +37,36 @@ NormFactory = Callable[[int, float], nn.Module]  # (dim, eps) -> a norm module
 class RMSNorm(nn.Module):
     """Llama's RMSNorm: normalise in float32, cast back, then scale by the weight in the model dtype."""
 
+    row_ops: RowOpsKernel | None = None  # bf16 CPU rows on our kernel (`use_row_ops`)
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.row_ops is not None and takes(x, self.weight):
+            return self.row_ops.rms_norm(x, self.weight, self.eps)
         # Normalise in float32 like transformers does, then cast back before the weight.
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
+
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, the norm of that): the residual add and the next sublayer's norm in one pass."""
+        if self.row_ops is not None and takes(x, delta, self.weight):
+            return self.row_ops.add_rms_norm(x, delta, self.weight, self.eps)
+        x = x + delta
+        return x, self(x)
+
+
+def add_and_norm(norm: nn.Module, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, norm(x + delta)), in one pass where `norm` can (RMSNorm)."""
+    if isinstance(norm, RMSNorm):
+        return norm.add_and_norm(x, delta)
+    x = x + delta
+    return x, norm(x)
 
 
 def make_embedding(num_embeddings: int, dim: int) -> nn.Embedding:
@@ -105,12 +125,18 @@ class GatedMLP(nn.Module):
                 f"unsupported hidden_act {cfg.hidden_act!r} (supported: {', '.join(ACTIVATIONS)})"
             )
         self.act = ACTIVATIONS[cfg.hidden_act]
+        self.fused_silu = self.act is F.silu  # silu(gate) * up is one of our row ops
         self.intermediate_size = cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
+    row_ops: RowOpsKernel | None = None  # bf16 CPU rows on our kernel (`use_row_ops`)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [T, I] each
+        gate_up = self.gate_up_proj(x)  # [T, 2 I]
+        if self.row_ops is not None and self.fused_silu and takes(gate_up):
+            return self.down_proj(self.row_ops.silu_mul(gate_up, self.intermediate_size))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)  # [T, I] each
         return self.down_proj(self.act(gate) * up)
 
 
@@ -132,8 +158,19 @@ class DecoderLayer(nn.Module):
         cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden]
-        x = x + self.self_attn(self.input_layernorm(x), positions, cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attended = self.self_attn(self.input_layernorm(x), positions, cache, meta)
+        x, normed = add_and_norm(self.post_attention_layernorm, x, attended)
+        return x + self.mlp(normed)
+
+
+def use_row_ops(model: nn.Module, kernel: RowOpsKernel) -> int:
+    """Let `model`'s RMSNorms, rotary embeddings and gated MLPs compute bf16 CPU rows on `kernel`
+    (other dtypes and devices keep torch's ops); returns how many modules took it. Call it after
+    `bind`, which builds the rotary embedding afresh."""
+    modules = [m for m in model.modules() if isinstance(m, RMSNorm | RotaryEmbedding | GatedMLP)]
+    for module in modules:
+        module.row_ops = kernel
+    return len(modules)
 
 
 def bind_attention(

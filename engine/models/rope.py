@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from ..row_ops_kernel import RowOpsKernel, takes
+
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     """[head_dim // 2] float32 inverse frequencies, with Llama-3 scaling applied when configured."""
@@ -38,6 +40,7 @@ class RotaryEmbedding(torch.nn.Module):
 
     cos: torch.Tensor  # [P, D] registered buffers (typed for the checker)
     sin: torch.Tensor
+    row_ops: RowOpsKernel | None = None  # bf16 CPU rows on our kernel (layers.use_row_ops)
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None):
         super().__init__()
@@ -65,6 +68,8 @@ class RotaryEmbedding(torch.nn.Module):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # q: [T, H, D], k: [T, KVH, D]
+        if self.row_ops is not None and takes(q, k) and _float32_cpu(self.cos):
+            return self.row_ops.rope(q, k, positions, self.cos, self.sin)
         cos, sin = self._tables(positions, q.dtype)  # [T, 1, D] each
         return q * cos + _swap_halves(q) * sin, k * cos + _swap_halves(k) * sin
 
@@ -81,6 +86,10 @@ class RotaryEmbedding(torch.nn.Module):
         sin = self.sin.index_select(0, positions).unsqueeze(1).to(dtype)
         self._gathered = (positions, dtype, cos, sin)
         return cos, sin
+
+
+def _float32_cpu(table: torch.Tensor) -> bool:  # as our kernel reads the tables (a model cast
+    return table.dtype == torch.float32 and table.device.type == "cpu"  # whole may have cast them)
 
 
 def _swap_halves(x: torch.Tensor) -> torch.Tensor:

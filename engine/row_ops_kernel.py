@@ -3,8 +3,9 @@ before it, rotary embedding, SiLU(gate) * up. Loaded with ctypes; the layers (en
 rope.py) call them for bf16 CPU tensors when the loader has installed the kernel (`use_row_ops`).
 
 Why our own: in torch each is five to twelve small ops, and for a decode's few rows each op's dispatch
-and allocation is the cost. They took 5.4 of 23 ms of a one-row step of the Qwen2.5-Coder-0.5B int4
-draft, and 5 of 119 ms of the Qwen2.5-Coder-1.5B target's (docs/bench/issue20-s40/results/row_ops.txt).
+and allocation is the cost. A one-row step of the Qwen2.5-Coder-0.5B int4 draft took 0.935x the time
+with ours (4 rows 0.920x), one of the Qwen2.5-Coder-1.5B target 0.970x (4 rows 0.982x; AMD EPYC, 2
+threads; docs/bench/issue20-s40/results/row_ops.txt).
 The results are torch's, rounding for rounding, but for the RMSNorm's sum order and SiLU's exp (see the C
 file): at most one bf16 step, near rounding boundaries. Float32 models keep torch's ops (the tests'
 exact references are float32). SPECSERVE_ROW_OPS_KERNEL=0 turns it off (A/B runs).

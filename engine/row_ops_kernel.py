@@ -106,7 +106,7 @@ class RowOpsKernel:
             raise ValueError("rope: q and k need contiguous heads within a row")
         if not (cos.is_contiguous() and signed_sin.is_contiguous() and cos.shape[1] == dim):
             raise ValueError(f"rope: tables {tuple(cos.shape)} for heads of {dim}")
-        positions = positions.contiguous()
+        positions = positions.to(torch.int64).contiguous()  # the C side reads int64
         q_out, k_out = torch.empty(q.shape, dtype=torch.bfloat16), torch.empty(k.shape, dtype=torch.bfloat16)
         rc = self.rope_function(
             q.data_ptr(),

@@ -118,6 +118,8 @@ class Attention(nn.Module):
 class GatedMLP(nn.Module):
     """down(act(gate(x)) * up(x)): SwiGLU with silu (Llama), GeGLU with tanh-GELU (Gemma)."""
 
+    row_ops: RowOpsKernel | None = None  # bf16 CPU rows on our kernel (`use_row_ops`)
+
     def __init__(self, cfg: ArchConfig):
         super().__init__()
         if cfg.hidden_act not in ACTIVATIONS:
@@ -129,8 +131,6 @@ class GatedMLP(nn.Module):
         self.intermediate_size = cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    row_ops: RowOpsKernel | None = None  # bf16 CPU rows on our kernel (`use_row_ops`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
         gate_up = self.gate_up_proj(x)  # [T, 2 I]
@@ -163,10 +163,10 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(normed)
 
 
-def use_row_ops(model: nn.Module, kernel: RowOpsKernel) -> int:
+def use_row_ops(model: nn.Module, kernel: RowOpsKernel | None) -> int:
     """Let `model`'s RMSNorms, rotary embeddings and gated MLPs compute bf16 CPU rows on `kernel`
-    (other dtypes and devices keep torch's ops); returns how many modules took it. Call it after
-    `bind`, which builds the rotary embedding afresh."""
+    (other dtypes and devices keep torch's ops; None: torch's ops for every row again, for A/B runs);
+    returns how many modules it set. Call it after `bind`, which builds the rotary embedding afresh."""
     modules = [m for m in model.modules() if isinstance(m, RMSNorm | RotaryEmbedding | GatedMLP)]
     for module in modules:
         module.row_ops = kernel

@@ -169,7 +169,7 @@ def test_a_bf16_model_with_row_ops_answers_as_with_torchs(kernel, tmp_path, arch
     prompt = list(range(3, 40))
     use_row_ops(model, kernel)
     ours = _last_hidden(model, prompt)
-    use_row_ops(model, None)  # type: ignore[arg-type]  # torch's ops
+    use_row_ops(model, None)  # torch's ops
     theirs = _last_hidden(model, prompt)
     # A few bf16 steps apart at most, through two layers (the norms' and exp's last bits).
     torch.testing.assert_close(ours, theirs, rtol=0.05, atol=0.05)
@@ -205,5 +205,5 @@ def test_gemma_keeps_its_own_norm_and_activation(kernel, tmp_path):
     assert not any(m.fused_silu for m in model.modules() if isinstance(m, GatedMLP))
     use_row_ops(model, kernel)
     ours = _last_hidden(model, list(range(3, 40)))
-    use_row_ops(model, None)  # type: ignore[arg-type]
+    use_row_ops(model, None)
     assert torch.equal(ours, _last_hidden(model, list(range(3, 40))))

@@ -45,7 +45,7 @@ def skipped_rope(self, positions, q, k):
 
 def set_arm(model, arm: str) -> None:
     kernel = default_row_ops_kernel() if arm == "ours" else None
-    layers.use_row_ops(model, kernel)  # type: ignore[arg-type]  # None: torch's ops
+    layers.use_row_ops(model, kernel)  # None: torch's ops
     none = arm == "none"
     layers.RMSNorm.forward, layers.RMSNorm.add_and_norm, rope.RotaryEmbedding.forward = (
         (skipped_norm, skipped_add_and_norm, skipped_rope) if none else TORCH_OPS

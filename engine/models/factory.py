@@ -43,13 +43,14 @@ def load_decoder(
     if not load_linear_weights:
         skip = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     load_safetensors_weights(model, directory, family_of(cfg).weight_layout, skip=skip)
+    bf16_cpu = dtype == torch.bfloat16 and torch.device(device).type == "cpu"
     if batch_invariant:  # and linear layers whose lone rows round as rows in a batch do
         make_linears_row_invariant(model)
-    elif dtype == torch.bfloat16 and torch.device(device).type == "cpu":
+    elif bf16_cpu:
         kernel = default_bf16_kernel()  # decodes and verification windows on our kernel
         if kernel is not None:
             use_small_batch_kernel(model, kernel)
-    if dtype == torch.bfloat16 and torch.device(device).type == "cpu":
+    if bf16_cpu:
         row_ops = default_row_ops_kernel()  # norms, rope, silu * up: one C call each, row-invariant
         if row_ops is not None:
             use_row_ops(model, row_ops)

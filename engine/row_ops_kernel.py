@@ -5,9 +5,9 @@ rope.py) call them for bf16 CPU tensors when the loader has installed the kernel
 Why our own: in torch each is five to twelve small ops, and for a decode's few rows each op's dispatch
 and allocation is the cost. A one-row step of the Qwen2.5-Coder-0.5B int4 draft took 0.935x the time
 with ours (4 rows 0.920x), one of the Qwen2.5-Coder-1.5B target 0.970x (4 rows 0.982x; AMD EPYC, 2
-threads; docs/bench/issue20-s40/results/row_ops.txt).
-The results are torch's, rounding for rounding, but for the RMSNorm's sum order and SiLU's exp (see the C
-file): at most one bf16 step, near rounding boundaries. Float32 models keep torch's ops (the tests'
+threads; docs/bench/issue20-s40/results/row_ops.txt). The results are torch's, rounding for rounding,
+but for the RMSNorm's sum order and SiLU's exp (see the C file): at most one bf16 step, near rounding
+boundaries. Float32 models keep torch's ops (the tests'
 exact references are float32). SPECSERVE_ROW_OPS_KERNEL=0 turns it off (A/B runs).
 """
 

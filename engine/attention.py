@@ -465,28 +465,47 @@ def _cpu_group_attention(
     return _matmul_attention(q, k, v, k_cache, v_cache, meta, scale)
 
 
-def kernel_paged_attention(kernel: PagedDecodeKernel) -> AttentionBackend:
+def paged_decode_view(meta: AttentionMetadata) -> AttentionMetadata | None:
+    """The metadata the paged-decode kernel attends a whole step with: the step's own, or its decodes
+    and windows merged back into the batch's order (the kernel pads nothing, so one call a layer
+    takes them all, with no gathers). None when a sequence has more than `SMALL_QUERY_ROWS` query
+    rows (a prefill chunk): such a step attends group by group."""
+    if meta.groups:
+        return meta.merged_short_queries(SMALL_QUERY_ROWS)
+    if meta.seq_info is None or meta.query_index.shape[1] > SMALL_QUERY_ROWS:
+        return None
+    return meta
+
+
+def _kernel_group_attention(
+    kernel: PagedDecodeKernel,
+    q: torch.Tensor,  # [T, H, D]
+    k: torch.Tensor,  # [T, KVH, D]
+    v: torch.Tensor,  # [T, KVH, D]
+    k_cache: torch.Tensor,  # [num_slots, KVH, D]
+    v_cache: torch.Tensor,  # [num_slots, KVH, D]
+    meta: AttentionMetadata,  # one group
+    scale: float,
+) -> torch.Tensor:  # [T, H * D]
+    if meta.query_index.shape[1] > SMALL_QUERY_ROWS or meta.seq_info is None:
+        return _cpu_group_attention(q, k, v, k_cache, v_cache, meta, scale)
+    _write_new_kv(k, v, k_cache, v_cache, meta)
+    return kernel(q, k_cache, v_cache, meta.seq_info, meta.context_slots, scale)
+
+
+class KernelPagedAttention:
     """The default CPU backend where the paged-decode kernel builds (engine/paged_decode_kernel.py):
-    groups of decodes and verification windows read the paged cache in place, with no gathered or
-    padded copy; prefill chunks run as in `cpu_paged_attention`, and so do dtypes and head sizes the
-    kernel does not take."""
+    decodes and verification windows read the paged cache in place, with no gathered or padded copy;
+    prefill chunks run as in `cpu_paged_attention`, and so do dtypes and head sizes the kernel does
+    not take. A class, not a closure, so that engine/decode_stack.py can tell a layer bound to it and
+    call the same kernel."""
 
-    @grouped
-    def per_group(
-        q: torch.Tensor,  # [T, H, D]
-        k: torch.Tensor,  # [T, KVH, D]
-        v: torch.Tensor,  # [T, KVH, D]
-        k_cache: torch.Tensor,  # [num_slots, KVH, D]
-        v_cache: torch.Tensor,  # [num_slots, KVH, D]
-        meta: AttentionMetadata,  # one group
-        scale: float,
-    ) -> torch.Tensor:  # [T, H * D]
-        if meta.query_index.shape[1] > SMALL_QUERY_ROWS or meta.seq_info is None:
-            return _cpu_group_attention(q, k, v, k_cache, v_cache, meta, scale)
-        _write_new_kv(k, v, k_cache, v_cache, meta)
-        return kernel(q, k_cache, v_cache, meta.seq_info, meta.context_slots, scale)
+    def __init__(self, kernel: PagedDecodeKernel):
+        self.kernel = kernel
+        self._per_group = grouped(functools.partial(_kernel_group_attention, kernel))
 
-    def cpu_kernel_paged_attention(
+    def __call__(
+        self,
         q: torch.Tensor,  # [T, H, D]
         k: torch.Tensor,  # [T, KVH, D]
         v: torch.Tensor,  # [T, KVH, D]
@@ -495,18 +514,19 @@ def kernel_paged_attention(kernel: PagedDecodeKernel) -> AttentionBackend:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:  # [T, H * D]
-        if not kernel.supports(q.dtype, k_cache.dtype, q.shape[-1]):  # the model's, for every group
+        if not self.kernel.supports(q.dtype, k_cache.dtype, q.shape[-1]):  # the model's, for every group
             return cpu_paged_attention(q, k, v, k_cache, v_cache, meta, scale)
-        # Decodes beside verification windows are grouped for the padded paths; the kernel pads
-        # nothing, so it takes them in one call, in the batch's order (no gathers, one call a layer).
-        merged = meta.merged_short_queries(SMALL_QUERY_ROWS) if meta.groups else None
-        if merged is not None:
-            _write_new_kv(k, v, k_cache, v_cache, merged)
-            assert merged.seq_info is not None
-            return kernel(q, k_cache, v_cache, merged.seq_info, merged.context_slots, scale)
-        return per_group(q, k, v, k_cache, v_cache, meta, scale)
+        view = paged_decode_view(meta)
+        if view is None:
+            return self._per_group(q, k, v, k_cache, v_cache, meta, scale)
+        _write_new_kv(k, v, k_cache, v_cache, view)
+        assert view.seq_info is not None
+        return self.kernel(q, k_cache, v_cache, view.seq_info, view.context_slots, scale)
 
-    return cpu_kernel_paged_attention
+
+def kernel_paged_attention(kernel: PagedDecodeKernel) -> KernelPagedAttention:
+    """The paged-decode kernel's backend (`KernelPagedAttention`)."""
+    return KernelPagedAttention(kernel)
 
 
 # Prefill chunks attend in blocks of this many query rows, each block to the keys its rows may see.

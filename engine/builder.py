@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .config import QUANTIZED_ENCODINGS, EngineConfig, ModelSpec
+from .decode_stack import default_decode_stack_kernel, use_decode_stack
 from .hybrid_proposer import HybridProposer
 from .memory import (
     check_weights_fit,
@@ -94,6 +95,7 @@ def load_model(
         logger.warning(resolved.notice + suffix)
     if plan is None:
         model = load_decoder(resolved.directory, spec.dtype, spec.device, batch_invariant=batch_invariant)
+        _stack_layers(model, spec)
         return LoadedModel(model, model.config, resolved.directory, resolved.notice)
     model = load_decoder(
         resolved.directory,
@@ -114,7 +116,17 @@ def load_model(
         round_draft_activations(model)
     if float_weights:
         route_rows(model, float_weights)
+    _stack_layers(model, spec)
     return LoadedModel(model, model.config, resolved.directory, resolved.notice)
+
+
+def _stack_layers(model: CausalDecoder, spec: ModelSpec) -> None:
+    """A bf16 CPU model's layers as one C call for steps of decodes and windows, where every layer runs
+    our kernels (engine/decode_stack.py); last, once its linear layers are final."""
+    if spec.dtype == torch.bfloat16 and torch.device(spec.device).type == "cpu":
+        kernel = default_decode_stack_kernel()
+        if kernel is not None:
+            use_decode_stack(model, kernel)
 
 
 @dataclass

@@ -14,13 +14,14 @@ import math
 import mmap
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
 if TYPE_CHECKING:
     from ..attention import AttentionBackend, AttentionMetadata
+    from ..decode_stack import DecodeStack
     from .arch import ArchConfig
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (k [slots, KVH, D], v [slots, KVH, D])
@@ -35,6 +36,13 @@ class CausalDecoder(nn.Module, ABC):
     """
 
     config: ArchConfig
+    # Whether `forward` is exactly embed_tokens -> the `layers` (layers.DecoderLayer) -> the final
+    # `norm`, with nothing else in between: the shape engine/decode_stack.py runs as one C call for
+    # steps of decodes and windows. A family with steps of its own (Gemma's embedding scale) says no.
+    plain_layer_stack: ClassVar[bool] = False
+    # Set by the loader where every layer runs our C kernels (engine/decode_stack.py); a family with
+    # `plain_layer_stack` hands it the step first, and runs its modules where it declines (None).
+    decode_stack: DecodeStack | None = None
 
     @classmethod
     def config_fields(cls, hf_config: Mapping[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,8 @@ __all__ = ["LlamaForCausalLM"]
 
 
 class LlamaForCausalLM(CausalDecoder):
+    plain_layer_stack = True  # the forward below: embeddings, the layers, the final norm
+
     def __init__(self, cfg: ArchConfig):
         super().__init__()
         self.config = cfg
@@ -40,6 +42,10 @@ class LlamaForCausalLM(CausalDecoder):
         output_index: torch.Tensor | None = None,  # [N] flat rows whose hidden state is wanted
     ) -> torch.Tensor:  # [N, hidden] final-normed hidden states
         x = self.embed_tokens(input_ids)  # [T, hidden]
+        if self.decode_stack is not None:
+            hidden = self.decode_stack(x, positions, kv_cache, meta)  # [T, hidden] or None
+            if hidden is not None:
+                return hidden if output_index is None else hidden.index_select(0, output_index)
         for layer, cache in zip(self.layers, kv_cache, strict=True):
             x = layer(x, positions, cache, meta)
         if output_index is not None:

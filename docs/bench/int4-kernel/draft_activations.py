@@ -20,6 +20,7 @@ from tqdm import tqdm
 from specserve.benchmarks.prompt_sets import CATEGORIES, load_prompts
 from specserve.engine.builder import load_model
 from specserve.engine.config import ModelSpec
+from specserve.engine.decode_stack import use_decode_stack
 from specserve.engine.llm import LLM
 from specserve.engine.quantization import Int4TiledLinear, round_draft_activations
 from specserve.engine.runner import SequenceInput, forward_sequences
@@ -39,6 +40,7 @@ def main() -> None:
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     spec = ModelSpec(model_path="Qwen/Qwen2.5-Coder-0.5B-Instruct", quantization_encoding="int4")
     draft = load_model(spec, None).model.eval()  # no float copy: every forward runs the int4 kernel
+    use_decode_stack(draft, None)  # the modules: the stack would not see the activations switched below
     layers = [m for m in draft.modules() if isinstance(m, Int4TiledLinear)]
     assert layers and round_draft_activations(draft) == len(layers), "needs the int4 kernel's VNNI path"
     kv = draft.allocate_kv_cache(256 * BLOCK + 1, spec.dtype, "cpu")

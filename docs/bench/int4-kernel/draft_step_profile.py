@@ -21,6 +21,7 @@ import torch
 
 from specserve.engine.builder import load_model
 from specserve.engine.config import ModelSpec
+from specserve.engine.decode_stack import use_decode_stack
 from specserve.engine.int4_kernel import Int4Kernel
 from specserve.engine.row_routed_linear import float_copy_bytes
 from specserve.engine.runner import SequenceInput, forward_sequences
@@ -32,6 +33,7 @@ def main() -> None:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 20
     spec = ModelSpec(model_path="Qwen/Qwen2.5-Coder-0.5B-Instruct", quantization_encoding="int4")
     draft = load_model(spec, None, draft=True).model.eval()
+    use_decode_stack(draft, None)  # the modules, as when this was recorded (before engine/decode_stack.py)
     print(f"bf16 weights kept beside the int4 layers: {float_copy_bytes(draft) / 2**20:.0f} MiB")
     kv = draft.allocate_kv_cache(64 * BLOCK + 1, spec.dtype, "cpu")
     table = list(range(64))

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from specserve.engine.builder import load_model
 from specserve.engine.config import ModelSpec
+from specserve.engine.decode_stack import use_decode_stack
 from specserve.engine.models import layers, rope
 from specserve.engine.row_ops_kernel import default_row_ops_kernel
 from specserve.engine.runner import SequenceInput, forward_sequences
@@ -61,6 +62,7 @@ def main() -> None:
     for path, encoding, draft in MODELS:
         spec = ModelSpec(model_path=path, quantization_encoding=encoding)
         model = load_model(spec, None, draft=draft).model.eval()
+        use_decode_stack(model, None)  # the modules, whose row ops the arms switch (engine/decode_stack.py)
         for num_seqs in (1, 4):
             kv = model.allocate_kv_cache(64 * BLOCK * num_seqs + 1, spec.dtype, "cpu")
             tables = [list(range(64 * i, 64 * (i + 1))) for i in range(num_seqs)]

@@ -126,11 +126,16 @@ int bf16_matmul(const bf16 *x, int64_t m, int64_t k, int64_t x_stride, const bf1
                 o[r] = out + (r0 + r) * n + c0;
             }
             const bf16 *bb = bias != NULL ? bias + c0 : NULL;
-            /* The last pass over this block brings the next block's weights into L2 (those rows follow
-             * this block's in memory), so the rows' arithmetic overlaps the next weights' stream. */
-            const int64_t next = c0 + C;
-            const int ahead_rows = r0 + R >= m && next < n ? (int)(n - next < CHANNELS ? n - next : CHANNELS) : 0;
-            const bf16 *ahead = w + next * k;
+            /* The passes over this block bring the next block's weights into L2 (those rows follow
+             * this block's in memory), each pass its share of the next block's channels, so the rows'
+             * arithmetic overlaps the next weights' stream. (With the whole fetch in the last pass,
+             * a window of 5-8 rows paid its first pass's arithmetic and the stream one after the
+             * other: Qwen2.5-1.5B's gate_up took 1.46x the 4-row time for 6 rows.) */
+            const int64_t next = c0 + C, passes = (m + ROWS - 1) / ROWS, pass = r0 / ROWS;
+            const int64_t fetched = next < n ? (n - next < CHANNELS ? n - next : CHANNELS) : 0;
+            const int64_t first = fetched * pass / passes, end = fetched * (pass + 1) / passes;
+            const int ahead_rows = (int)(end - first);
+            const bf16 *ahead = w + (next + first) * k;
             switch (C) {
             case 1: rows_block(1, R, xr, wc, k, bb, o, ahead, ahead_rows); break;
             case 2: rows_block(2, R, xr, wc, k, bb, o, ahead, ahead_rows); break;

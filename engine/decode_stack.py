@@ -167,10 +167,9 @@ class DecodeStack:
         ):
             return None
         view = paged_decode_view(meta)
-        if view is None:
+        if view is None or not self._bind(kv_cache):
             return None
         assert view.seq_info is not None
-        self._bind(kv_cache)
         embedded = embedded.contiguous()
         positions = positions.to(torch.int64).contiguous()
         slot_mapping = view.slot_mapping.contiguous()
@@ -196,24 +195,22 @@ class DecodeStack:
             raise MemoryError(f"decode stack: {_ERRORS.get(rc, f'error {rc}')}")
         return out
 
-    def _bind(self, kv_cache: KVCache) -> None:
-        """Point the layers at `kv_cache` unless they point there already."""
+    def _bind(self, kv_cache: KVCache) -> bool:
+        """Point the layers at `kv_cache` unless they point there already; False (the modules run the
+        step) for a cache the stack does not read: another layer count, dtype or layout."""
         tensors = tuple(t for pair in kv_cache for t in pair)
         if len(tensors) == len(self._cache) and all(
             a is b for a, b in zip(tensors, self._cache, strict=True)
         ):
-            return
-        if len(kv_cache) != len(self._layers):
-            raise ValueError(f"a KV cache of {len(kv_cache)} layers for a model of {len(self._layers)}")
+            return True
+        if len(kv_cache) != len(self._layers) or not all(
+            t.dtype == torch.bfloat16 and t.device.type == "cpu" and t.is_contiguous() for t in tensors
+        ):
+            return False
         for layer, (k, v) in zip(self._layers, kv_cache, strict=True):
-            if (
-                k.dtype != torch.bfloat16
-                or v.dtype != torch.bfloat16
-                or not (k.is_contiguous() and v.is_contiguous())
-            ):
-                raise ValueError("decode stack: the KV cache must be contiguous bf16")
             layer.k_cache, layer.v_cache = k.data_ptr(), v.data_ptr()
         self._cache = tensors
+        return True
 
 
 def _linear(module: nn.Module, keep: list[torch.Tensor]) -> tuple[_Linear, int] | None:

@@ -160,6 +160,20 @@ def test_a_model_bound_to_another_attention_runs_the_modules(qwen2_dir):
     assert torch.equal(got, forward_sequences(model, theirs, seqs, BLOCK))
 
 
+def test_a_kv_cache_it_does_not_read_runs_the_modules(qwen2_dir):
+    """A float32 cache beside a bf16 model (the modules cast into it and attend with matmuls)."""
+    model = _load(qwen2_dir, "bfloat16")
+    stack = model.decode_stack
+    assert stack is not None
+    caches = [model.allocate_kv_cache(32 * BLOCK + 1, torch.float32, "cpu") for _ in range(2)]
+    outputs = []
+    for cache, installed in zip(caches, (stack, None), strict=True):
+        model.decode_stack = installed
+        forward_sequences(model, cache, [SequenceInput(list(range(3, 30)), 0, list(range(32)), 1)], BLOCK)
+        outputs.append(forward_sequences(model, cache, [SequenceInput([7], 27, list(range(32)), 1)], BLOCK))
+    assert torch.equal(outputs[0], outputs[1]) and _same_caches(*caches)
+
+
 def test_the_loader_installs_it_only_where_every_layer_runs_our_kernels(qwen2_dir, llama_dir, tmp_path):
     assert _load(qwen2_dir, "bfloat16").decode_stack is not None
     assert _load(qwen2_dir, "int4", draft=True).decode_stack is not None

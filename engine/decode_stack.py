@@ -9,12 +9,11 @@ path's bit for bit; the draft proposes the same tokens and the target verifies t
 
 What it takes (`build_decode_stack`, else None and the modules run as before): a family whose forward
 is the plain layer stack (`CausalDecoder.plain_layer_stack`: Llama, Mistral, Qwen2; not Qwen3's q/k
-norms, not Gemma) in bf16 on the CPU whose
-linear layers all run one of our kernels for few rows (int4 tiled layers, a draft's row-routed ones, or
-bf16 `SmallBatchLinear`), with our row operations and the paged-decode attention bound. Which steps: those
-whose every sequence attends through the paged-decode kernel (decodes and windows of at most
-`SMALL_QUERY_ROWS` rows) and whose rows every layer sends to its kernel; a step with a prefill chunk runs
-the modules. `SPECSERVE_DECODE_STACK=0` turns it off (A/B runs). A caller that swaps a model's modules
+norms, not Gemma) in bf16 on the CPU whose linear layers all run one of our kernels for few rows (int4
+tiled layers, a draft's row-routed ones, or bf16 `SmallBatchLinear`), with our row operations and the
+paged-decode attention bound. Which steps: those whose every sequence attends through the paged-decode
+kernel (decodes and windows of at most `SMALL_QUERY_ROWS` rows) and whose rows every layer sends to its
+kernel; a step with a prefill chunk runs the modules. `SPECSERVE_DECODE_STACK=0` turns it off (A/B runs). A caller that swaps a model's modules
 or kernels afterwards drops the stack first (`use_decode_stack(model, None)`).
 """
 
@@ -221,8 +220,7 @@ def _linear(module: nn.Module, keep: list[torch.Tensor]) -> tuple[_Linear, int] 
         limit = module.min_float_rows - 1
         module = module.quantized
     if isinstance(module, Int4TiledLinear):
-        kernel = module.kernel
-        function = kernel.function_q8 if module.int8_activations else kernel.function
+        function = module.kernel.function_for(module.int8_activations)
         if function is None or module.bias is not None and module.bias.dtype != torch.bfloat16:
             return None
         tensors = [module.qweight, module.scales_and_zeros] + ([] if module.bias is None else [module.bias])

@@ -36,6 +36,11 @@ class Int4Kernel:
     # int4_matmul_q8: activations rounded to int8, for drafts only; None where the CPU lacks VNNI
     function_q8: Callable[..., int] | None
 
+    def function_for(self, int8_activations: bool) -> Callable[..., int] | None:
+        """The C function a call with these activations runs (None: int8 without the VNNI path); also
+        what engine/decode_stack.c calls for a layer."""
+        return self.function_q8 if int8_activations else self.function
+
     def __call__(
         self,
         x: torch.Tensor,  # [M, K] bf16, contiguous
@@ -50,7 +55,7 @@ class Int4Kernel:
         the dot products bound it (from 2-8 rows on; docs/bench/int4-kernel/results/int4_rows.txt)."""
         rows, k = x.shape
         out = torch.empty(rows, out_features, dtype=torch.bfloat16)
-        function = self.function_q8 if int8_activations else self.function
+        function = self.function_for(int8_activations)
         if function is None:
             raise RuntimeError("int8 activations need the kernel's VNNI path, which this CPU lacks")
         rc = function(

@@ -316,8 +316,7 @@ class EngineCore:
         if decode_only and not probe_only and not decision.static_drafts:
             # Every scheduled request is in k here, so its tokens are all the step emitted.
             drafted = any(s.num_speculative_tokens > 0 for s in sched.scheduled)
-            promised = (decision.predicted_tokens, decision.predicted_seconds)
-            self.controller.observe_step(num_seqs, drafted, controlled_tokens, step_seconds, promised)
+            self.controller.observe_step(num_seqs, drafted, controlled_tokens, step_seconds, decision.promise)
         spec = self.stats.spec
         spec.controller_steps += 1
         spec.predicted_tokens += decision.predicted_tokens

@@ -389,6 +389,21 @@ class _Calibration:
         return max(0.0, self.slope * profiled + self.offset)
 
 
+@dataclass(frozen=True)
+class Promise:
+    """What the controller predicted for a step, kept apart by what its gain calibrations scale: the
+    tokens they do not (each decode request's own token, probes' and static caps' expected accepted
+    drafts) and its own drafts' expected accepted tokens before them, (costly, free), so the promise
+    can be read again with the calibrations of a later step (`_Realized.shortfall_of_promise`)."""
+
+    tokens: float
+    seconds: float
+    drafted: tuple[float, float] = (0.0, 0.0)
+
+    def predicted_tokens(self, factors: tuple[float, float]) -> float:
+        return self.tokens + factors[0] * self.drafted[0] + factors[1] * self.drafted[1]
+
+
 @dataclass
 class _Realized:
     """Tokens per second of one kind of decode-only step (exponentially weighted)."""
@@ -397,22 +412,27 @@ class _Realized:
     seconds: float = 0.0
     steps: float = 0.0
     trusted_once: bool = False  # held enough steps to be trusted at some point
-    # What the controller predicted for the steps that came with a prediction, and what they delivered.
+    # What the controller predicted for the steps that came with a prediction (Promise: the tokens no
+    # gain calibration scales, and its own drafts' expected accepted tokens before it, costly and
+    # free), and what they delivered.
     promised_tokens: float = 0.0
+    promised_drafted: tuple[float, float] = (0.0, 0.0)
     promised_seconds: float = 0.0
     kept_tokens: float = 0.0
     kept_seconds: float = 0.0
     promised_steps: float = 0.0
 
-    def observe(self, tokens: int, seconds: float, promised: tuple[float, float] | None = None) -> None:
+    def observe(self, tokens: int, seconds: float, promised: Promise | None = None) -> None:
         self.age(REALIZED_DECAY)
         self.tokens += tokens
         self.seconds += seconds
         self.steps += 1.0
         self.trusted_once = self.trusted_once or self.steps >= REALIZED_MIN_STEPS
-        if promised is not None and promised[1] > 0:
-            self.promised_tokens += promised[0]
-            self.promised_seconds += promised[1]
+        if promised is not None and promised.seconds > 0:
+            self.promised_tokens += promised.tokens
+            costly, free = self.promised_drafted
+            self.promised_drafted = (costly + promised.drafted[0], free + promised.drafted[1])
+            self.promised_seconds += promised.seconds
             self.kept_tokens += tokens
             self.kept_seconds += seconds
             self.promised_steps += 1.0
@@ -422,6 +442,7 @@ class _Realized:
         self.seconds *= factor
         self.steps *= factor
         self.promised_tokens *= factor
+        self.promised_drafted = (self.promised_drafted[0] * factor, self.promised_drafted[1] * factor)
         self.promised_seconds *= factor
         self.kept_tokens *= factor
         self.kept_seconds *= factor
@@ -433,13 +454,25 @@ class _Realized:
             return None
         return self.tokens / self.seconds
 
-    @property
-    def shortfall_of_promise(self) -> float | None:
-        """Promised tokens a second over delivered ones (>= 0), once enough steps came with a promise."""
+    def shortfall_of_promise(self, factors: tuple[float, float] = (1.0, 1.0)) -> float | None:
+        """Promised tokens a second over delivered ones (>= 0), once enough steps came with a promise.
+        The promises are those the controller would make now for the same drafts: their expected
+        accepted tokens scaled by the gain calibrations' `factors` (costly, free) of now, not of when
+        they were made. The gain calibration and this record both answer drafts accepted less often
+        than expected; counted in both, one miss was paid twice: at one Qwen-pair client (AMD EPYC) a
+        request's first eight-token drafts were accepted less and less as its answer left the prompt's
+        text (promised 6.8, 8.8, 6.6, 4.8 tokens; delivered 9, 5, 4, 2), its drafting steps had
+        promised 1.40-1.50x what they delivered (the step log), the same request took the calibration
+        to 0.67-0.69 (in-process), and with the bar raised ~1.4x on top drafting stayed off for most of
+        the next requests (two cells: 22 and 5 drafting steps of 167 and 189). Read with a calibration
+        of 0.67, those promises were ~1.05-1.10x what the steps delivered."""
         if self.promised_steps < REALIZED_MIN_STEPS or self.promised_seconds <= 0 or self.kept_seconds <= 0:
             return None
         delivered = self.kept_tokens / self.kept_seconds
-        promised = self.promised_tokens / self.promised_seconds
+        tokens = self.promised_tokens + sum(
+            f * d for f, d in zip(factors, self.promised_drafted, strict=True)
+        )
+        promised = tokens / self.promised_seconds
         return promised / delivered if delivered > 0 else None
 
 
@@ -758,10 +791,10 @@ class StepCostModel:
         drafted: bool,
         tokens: int,
         seconds: float,
-        promised: tuple[float, float] | None = None,
+        promised: Promise | None = None,
     ) -> None:
-        """A decode-only step's tokens in `seconds`, with drafts or without; `promised`: the (tokens,
-        seconds) the controller predicted for it."""
+        """A decode-only step's tokens in `seconds`, with drafts or without; `promised`: what the
+        controller predicted for it."""
         if seconds <= 0:
             return
         plain, drafting = self._realized.setdefault(_bucket(num_sequences), (_Realized(), _Realized()))
@@ -771,35 +804,36 @@ class StepCostModel:
             plain.observe(tokens, seconds)
             drafting.age()
 
-    def shortfall(self, num_sequences: int) -> float:
+    def shortfall(self, num_sequences: int, factors: tuple[float, float] = (1.0, 1.0)) -> float:
         """How far (>= 1) the drafting steps at this batch size delivered less than the plain ones, or
-        than the controller promised for them, whichever is further.
+        than the controller promised for them (their drafts' expectation scaled by the gain
+        calibrations' `factors` of now: `_Realized.shortfall_of_promise`), whichever is further.
         A batch bucket whose drafting was never measured enough borrows the nearest bucket's record
         (the smaller one on a tie): on the EPYC VM the first minute at 16 and 32 SmolLM2 clients
         drafted at 0.80x / 0.84x of the plain speed, before the guard had seen eight drafting steps
         there (a second pass, with their own records, ran at 0.96x / 0.99x). One whose own record
         aged out borrows nothing: that is the retry, and a neighbour's record may never age."""
         own = _bucket(num_sequences)
-        ratio = self._shortfall_of(own)
+        ratio = self._shortfall_of(own, factors)
         if ratio is not None:
             return ratio
         kinds = self._realized.get(own)
         if kinds is not None and kinds[1].trusted_once:
             return 1.0
         for bucket in sorted(self._realized, key=lambda b: (abs(b - own), b)):
-            ratio = self._shortfall_of(bucket)
+            ratio = self._shortfall_of(bucket, factors)
             if ratio is not None:
                 return ratio
         return 1.0
 
-    def _shortfall_of(self, bucket: int) -> float | None:
+    def _shortfall_of(self, bucket: int, factors: tuple[float, float]) -> float | None:
         kinds = self._realized.get(bucket)
         if kinds is None:
             return None
         plain_rate, drafted_rate = kinds[0].rate, kinds[1].rate
         if plain_rate is None or drafted_rate is None:
             return None
-        promise = kinds[1].shortfall_of_promise
+        promise = kinds[1].shortfall_of_promise(factors)
         return max(1.0, plain_rate / drafted_rate, promise if promise is not None else 1.0)
 
     def drafting_timed(self, num_sequences: int) -> bool:
@@ -857,6 +891,7 @@ class Decision:
     k: dict[str, int]  # request id -> drafts to propose (absent: 0)
     predicted_tokens: float  # expected tokens the decode requests emit
     predicted_seconds: float  # expected step time
+    promise: Promise  # the same prediction, its parts kept apart
     probed: list[str] = field(default_factory=list)
     free: frozenset[str] = frozenset()  # requests whose drafts cost no draft steps (Preview.free)
     setup_tokens: int = 0  # catch-up tokens the drafting requests' proposals feed first
@@ -1151,12 +1186,18 @@ class SpeculationController:
         prefill = max(0, base_tokens - n_decode)  # prompt tokens: the rest are one per decode request
         seconds = self.step_seconds(num_sequences, base_tokens, k, free, prefill)
         seconds += self.cost.setup_seconds(setup)
-        predicted = sum(
-            1.0 + (factor[rid] if rid in chosen else 1.0) * (expected_tokens(rates[rid], k[rid]) - 1.0)
-            for rid in k
-        )
+        unscaled, drafted = 0.0, [0.0, 0.0]  # tokens no calibration scales; chosen drafts', by kind
+        for rid in k:
+            extra = expected_tokens(rates[rid], k[rid]) - 1.0
+            if rid in chosen:
+                unscaled += 1.0
+                drafted[rid in free] += extra
+            else:
+                unscaled += 1.0 + extra
+        promise = Promise(unscaled, seconds, (drafted[0], drafted[1]))
+        factors = (self.gain_calibration[False].factor, self.gain_calibration[True].factor)
         static = any(c.static and k[c.request_id] > 0 for c in candidates)
-        return Decision(k, predicted, seconds, probed, free, setup, static)
+        return Decision(k, promise.predicted_tokens(factors), seconds, promise, probed, free, setup, static)
 
     def _catch_up(self, c: Candidate, num_sequences: int) -> _CatchUp:
         tokens_left: float = max(1, c.tokens_left or 1)
@@ -1252,7 +1293,8 @@ class SpeculationController:
 
     def required_gain(self, num_sequences: int) -> float:
         """How much more goodput drafting must promise than not drafting, at this batch size."""
-        return MIN_GAIN * self.cost.shortfall(num_sequences)
+        factors = (self.gain_calibration[False].factor, self.gain_calibration[True].factor)
+        return MIN_GAIN * self.cost.shortfall(num_sequences, factors)
 
     # --- feedback ---------------------------------------------------------------------------------
     def observe_step(
@@ -1261,11 +1303,11 @@ class SpeculationController:
         drafted: bool,
         tokens: int,
         seconds: float,
-        promised: tuple[float, float] | None = None,
+        promised: Promise | None = None,
     ) -> None:
         """A decode-only step the controller decided (prefill chunks would blur the comparison; probe
         steps are neither kind): the tokens its requests emitted in `seconds`, with drafts or without,
-        and the (tokens, seconds) the controller predicted for it."""
+        and what the controller predicted for it."""
         self.cost.observe_realized(num_sequences, drafted, tokens, seconds, promised)
 
     def observe_verification(

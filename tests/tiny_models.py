@@ -156,7 +156,7 @@ def sloped_step_cost(slope: float = 0.1):
 
     With it the adaptive controller's choices depend on acceptance alone (and not on this machine's
     timing), and they differ between requests and steps, which is what the lossless tests need."""
-    from specserve.engine.spec_controller import StepCostModel
+    from specserve.engine.spec_controller import Promise, StepCostModel
 
     class SlopedStepCost(StepCostModel):
         def observe_target(
@@ -178,7 +178,7 @@ def sloped_step_cost(slope: float = 0.1):
             drafted: bool,
             tokens: int,
             seconds: float,
-            promised: tuple[float, float] | None = None,
+            promised: Promise | None = None,
         ) -> None:
             pass
 

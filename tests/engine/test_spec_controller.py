@@ -29,6 +29,7 @@ from specserve.engine.spec_controller import (
     DraftCostProfile,
     GainCalibration,
     Preview,
+    Promise,
     SpeculationController,
     StepCostModel,
     expected_tokens,
@@ -1127,9 +1128,9 @@ def test_drafting_that_delivers_less_than_it_promised_must_promise_more():
     for _ in range(12):
         ctrl.observe_step(1, drafted=False, tokens=1, seconds=0.010)  # 100 tok/s
         # 2 tokens in 18 ms (111 tok/s, above the plain steps) where 4 in 16 ms (250) were promised
-        ctrl.observe_step(1, drafted=True, tokens=2, seconds=0.018, promised=(4.0, 0.016))
+        ctrl.observe_step(1, drafted=True, tokens=2, seconds=0.018, promised=Promise(4.0, 0.016))
         ctrl.observe_step(4, drafted=False, tokens=4, seconds=0.020)
-        ctrl.observe_step(4, drafted=True, tokens=8, seconds=0.030, promised=(8.0, 0.030))  # kept
+        ctrl.observe_step(4, drafted=True, tokens=8, seconds=0.030, promised=Promise(8.0, 0.030))  # kept
     assert ctrl.required_gain(1) == pytest.approx(MIN_GAIN * 250 / (2 / 0.018))
     assert ctrl.required_gain(4) == pytest.approx(MIN_GAIN)
     assert choose_one(ctrl, rid="a") == 0
@@ -1139,6 +1140,28 @@ def test_drafting_that_delivers_less_than_it_promised_must_promise_more():
     assert ctrl.required_gain(1) == pytest.approx(MIN_GAIN)
 
 
+def test_a_promise_is_read_with_the_gain_calibration_of_now():
+    """Drafts accepted less often than expected lower the gain calibration, and the promises made for
+    them were short by the same misses: the drafting record reads its promises' drafts with the
+    calibration of now, so one miss does not raise the bar twice (at one Qwen-pair client a request's
+    first long drafts, accepted less and less, held drafting off for the next requests)."""
+    ctrl = controller(FLAT, draft_ratio=0.05)
+    for _ in range(12):
+        ctrl.observe_step(1, drafted=False, tokens=1, seconds=0.010)  # 100 tok/s
+        # 2 tokens in 18 ms (111 tok/s) where 1 + 3 expected accepted drafts in 16 ms were promised
+        ctrl.observe_step(1, drafted=True, tokens=2, seconds=0.018, promised=Promise(1.0, 0.016, (3.0, 0.0)))
+    assert ctrl.gain_calibration[False].factor == 1.0
+    assert ctrl.required_gain(1) == pytest.approx(MIN_GAIN * (4 / 0.016) / (2 / 0.018))
+    for _ in range(100):  # the controller's costly drafts: none of ten expected accepted
+        ctrl.gain_calibration[False].observe(expected=10.0, accepted=0)
+    assert ctrl.gain_calibration[False].factor == pytest.approx(MIN_GAIN_CALIBRATION)
+    promised_now = (1.0 + MIN_GAIN_CALIBRATION * 3.0) / 0.016
+    assert ctrl.required_gain(1) == pytest.approx(MIN_GAIN * promised_now / (2 / 0.018))
+    for _ in range(100):  # the free proposals' calibration does not scale costly drafts
+        ctrl.gain_calibration[True].observe(expected=10.0, accepted=0)
+    assert ctrl.required_gain(1) == pytest.approx(MIN_GAIN * promised_now / (2 / 0.018))
+
+
 def test_the_engine_holds_its_drafting_steps_to_the_controllers_promise(tiny_llama_dir):
     """Every decode-only step the controller decided reaches its drafting record with the tokens and
     seconds it was promised."""
@@ -1146,7 +1169,7 @@ def test_the_engine_holds_its_drafting_steps_to_the_controllers_promise(tiny_lla
 
     llm = make_adaptive_llm(tiny_llama_dir, slope=0.0, speculative_method="ngram", num_speculative_tokens=4)
     engine = llm.engine
-    seen: list[tuple[bool, int, tuple[float, float] | None]] = []
+    seen: list[tuple[bool, int, Promise | None]] = []
     real = engine.controller.observe_step
 
     def observe_step(num_sequences, drafted, tokens, seconds, promised=None):
@@ -1162,8 +1185,15 @@ def test_the_engine_holds_its_drafting_steps_to_the_controllers_promise(tiny_lla
         predicted += [(e.predicted_tokens, e.predicted_seconds) for e in engine.stats.drain_events().steps]
     assert any(drafted for drafted, _, _ in seen), "no drafting step to judge"
     promises = [p for _, _, p in seen]
-    assert all(p is not None and p[0] >= 1 and p[1] > 0 for p in promises)
-    assert set(promises) <= set(predicted)  # what the step log reports as the controller's prediction
+    assert all(p is not None and p.tokens >= 1 and p.seconds > 0 and min(p.drafted) >= 0 for p in promises)
+    # What the step log reports as the controller's prediction: the promise's drafts scaled by the gain
+    # calibrations of that step (each in (0, 1]).
+    for p in promises:
+        assert any(
+            seconds == p.seconds and p.tokens - 1e-9 <= tokens <= p.predicted_tokens((1.0, 1.0)) + 1e-9
+            for tokens, seconds in predicted
+        )
+    assert any(p.drafted[1] > 0 for p in promises), "no n-gram drafts of the controller's own"
 
 
 def test_a_batch_size_without_its_own_record_borrows_the_nearest_one():

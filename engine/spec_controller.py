@@ -120,7 +120,12 @@ DRAFT_WINDOW = 9
 # path on the AMX Xeon: 512 tokens 0.87 s, one step 0.046 s; on the AVX-512 Xeon a token cost 6-8 ms
 # against a 35-45 ms step, so the proposer's own timing is worth having).
 SETUP_TOKEN_PRIOR = 1 / 16
-SETUP_ALPHA = 0.2
+# The per-token catch-up price is the lower median of this many recent catch-ups' prices. It is
+# learned only from catch-ups, and a price too high stops them: an exponential mean (0.2 of each new
+# price) took one catch-up of 17 tokens timed while another job held the cores (0.2 s a token against
+# ~2 ms) to 42 ms a token, and the Qwen pair at one client never caught a request up again (in-process
+# run beside a test suite, AMD EPYC). A median needs most of the window to move.
+SETUP_WINDOW = 5
 # A drafting step whose proposals fed at least this many catch-up tokens per drafting request teaches
 # the per-token price (fewer are lost in the per-step times' noise).
 SETUP_MIN_TOKENS = 16
@@ -509,7 +514,7 @@ class StepCostModel:
         self._forwards: dict[int, int] = {}  # batch bucket -> decode forwards measured (plain_is_stale)
         self._draft_steps: dict[int, deque[float]] = {}  # batch bucket -> recent seconds per draft step
         self._probe_draft: float | None = None  # proposer seconds per probe, measured
-        self._setup_token: float | None = None  # proposer seconds per catch-up token, measured
+        self._setup_token: deque[float] = deque(maxlen=SETUP_WINDOW)  # recent seconds per catch-up token
         self.overhead_seconds = 0.0
         # batch bucket -> (decode-only steps without drafts, with drafts): what they delivered
         self._realized: dict[int, tuple[_Realized, _Realized]] = {}
@@ -668,7 +673,7 @@ class StepCostModel:
         """A proposer's catch-up on `num_tokens` tokens before it drafts (Preview.setup_tokens)."""
         if num_tokens <= 0:
             return 0.0
-        per_token = self._setup_token
+        per_token = statistics.median_low(self._setup_token) if self._setup_token else None
         if per_token is None and self.draft_profile is not None:
             per_token = self.draft_profile.catch_up_token_seconds
         if per_token is None:
@@ -768,8 +773,7 @@ class StepCostModel:
         recent.append(seconds / num_steps)
 
     def _observe_setup(self, per_token: float) -> None:
-        old = self._setup_token
-        self._setup_token = per_token if old is None else old + SETUP_ALPHA * (per_token - old)
+        self._setup_token.append(per_token)
 
     def observe_probe(self, num_probes: int, seconds: float, setup_tokens: int = 0) -> None:
         """The proposer's time in a step whose only drafts were `num_probes` probes, after feeding

@@ -22,6 +22,7 @@ from specserve.engine.spec_controller import (
     REALIZED_MIN_STEPS,
     RESTART_FORWARDS,
     SETUP_MIN_TOKENS,
+    SETUP_WINDOW,
     STALE_FORWARDS,
     AcceptanceModel,
     Candidate,
@@ -1039,6 +1040,22 @@ def test_catch_up_price_is_learned_from_drafting_steps():
     cost.observe_draft(1, 2, 0.1 + 0.4, setup_tokens=200)  # and a catch-up of 200 tokens: 2 ms each
     assert cost.setup_seconds(100) == pytest.approx(0.2)
     assert cost.draft_seconds(1, 1) == pytest.approx(0.05)  # the step price is unmoved by it
+
+
+def test_one_catch_up_timed_in_a_slow_spell_does_not_price_the_next_ones():
+    """Catch-ups teach their own price, and a price too high stops them: one timed while another job
+    held the cores (0.2 s a token against 2 ms) must not price the next catch-ups at a hundredfold.
+    The price is the lower median of the last SETUP_WINDOW, so it follows the machine once most of
+    them moved."""
+    cost = StepCostModel([(1, 0.2), (64, 0.2)], draft_cost_ratio=0.25)  # prior step: 0.05 s
+    for per_token in (0.002, 0.002, 0.2):
+        cost.observe_draft(1, 1, 0.05 + 100 * per_token, setup_tokens=100)
+    assert cost.setup_seconds(100) == pytest.approx(0.2)
+    cost.observe_draft(1, 1, 0.05 + 100 * 0.2, setup_tokens=100)
+    assert cost.setup_seconds(100) == pytest.approx(0.2)  # two of four: the lower median
+    for _ in range(SETUP_WINDOW // 2):  # the machine is slower for most of the window: followed
+        cost.observe_draft(1, 1, 0.05 + 100 * 0.004, setup_tokens=100)
+    assert cost.setup_seconds(100) == pytest.approx(0.4)
 
 
 def test_a_draft_profile_prices_draft_steps_and_catch_ups_until_they_are_timed():

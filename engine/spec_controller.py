@@ -142,6 +142,15 @@ OVERHEAD_ALPHA = 0.1
 GAIN_CALIBRATION_DECAY = 0.97
 GAIN_PRIOR_TOKENS = 4.0
 MIN_GAIN_CALIBRATION = 0.5
+# A catch-up is paid back over the drafting steps its request has next, and those run at the server's
+# load, not at the batch of the step that caught up: at 4 Qwen-pair clients (AMD EPYC) a request left
+# alone for a step between two waves (its wave finished, the next one's requests not yet admitted)
+# was caught up on 52-494 tokens (0.32-1.18 s) by the payback of one-client cells (~45 tokens drafted
+# after a catch-up), drafted once, and stopped drafting when the next wave made the batch 4 again;
+# the policy's work came to 0.962x of off's over four pairs. So the payback record a catch-up is
+# priced with and counted in is the bucket of the recent batch size (exponentially weighted, memory
+# ~1 / LOAD_ALPHA steps), or of this step's batch where that is larger.
+LOAD_ALPHA = 0.1
 
 
 def _bucket(n: int) -> int:
@@ -971,6 +980,7 @@ class SpeculationController:
         self.gain_calibration = {False: GainCalibration(), True: GainCalibration()}
         self._chosen: dict[str, tuple[list[float], bool]] = {}
         self.payback = CatchUpPayback()
+        self._load: float | None = None  # recent batch size (LOAD_ALPHA)
 
     def choose(
         self,
@@ -983,6 +993,11 @@ class SpeculationController:
         sequences (every decode request's last token and any prefill chunks), with at most
         `token_budget` draft tokens in all."""
         k = {c.request_id: 0 for c in candidates}
+        self._load = (
+            float(num_sequences)
+            if self._load is None
+            else self._load + LOAD_ALPHA * (num_sequences - self._load)
+        )
         priors = {h: self.acceptance.global_rate(h) for h in {c.hint for c in candidates}}
         rates = {
             c.request_id: self.acceptance.rates(c.request_id, priors[c.hint], c.hint) for c in candidates
@@ -1185,7 +1200,7 @@ class SpeculationController:
         for c in candidates:  # probes' catch-ups too: drafting may go on after them, for free
             caught_up = c.setup_tokens >= SETUP_MIN_TOKENS and c.request_id not in free
             if caught_up and k[c.request_id] > 0 and not c.static:
-                self.payback.caught_up(c.request_id, _bucket(num_sequences))
+                self.payback.caught_up(c.request_id, self._payback_bucket(num_sequences))
         setup = sum(c.setup_tokens for c in candidates if k[c.request_id] > 0 and c.request_id not in free)
         prefill = max(0, base_tokens - n_decode)  # prompt tokens: the rest are one per decode request
         seconds = self.step_seconds(num_sequences, base_tokens, k, free, prefill)
@@ -1205,10 +1220,14 @@ class SpeculationController:
 
     def _catch_up(self, c: Candidate, num_sequences: int) -> _CatchUp:
         tokens_left: float = max(1, c.tokens_left or 1)
-        horizon = self.payback.horizon(_bucket(num_sequences))
+        horizon = self.payback.horizon(self._payback_bucket(num_sequences))
         if horizon is not None:
             tokens_left = max(1.0, min(tokens_left, horizon))
         return _CatchUp(self.cost.setup_seconds(c.setup_tokens), tokens_left)
+
+    def _payback_bucket(self, num_sequences: int) -> int:
+        """The batch bucket whose payback record prices a catch-up now (LOAD_ALPHA)."""
+        return _bucket(max(num_sequences, round(self._load or 0.0)))
 
     def step_seconds(
         self,

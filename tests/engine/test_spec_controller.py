@@ -920,6 +920,42 @@ def test_a_catch_up_is_spread_over_the_tokens_caught_up_requests_went_on_to_draf
     assert k_with_catch_up(1.1 * break_even(drafted)) == 0
 
 
+def test_a_lone_request_between_waves_prices_its_catch_up_at_the_load_it_will_draft_in():
+    """At 4 Qwen-pair clients a request left alone for a step between two waves was caught up by the
+    payback of one-client cells and stopped drafting when the next wave came. The payback record a
+    catch-up is priced with is the recent batch size's: at a load of 4 a lone request's catch-up is
+    spread over what requests caught up at 4 went on to draft; once the load is 1, over its own."""
+
+    def trained() -> SpeculationController:
+        ctrl = controller(FLAT, draft_ratio=0.4)
+        for i in range(40):  # one-draft verifications, 4 in 5 accepted
+            ctrl.observe_verification("a", 1, int(i % 5 != 0))
+        for i in range(3):  # requests caught up at 4 sequences drafted 4 tokens, then no more
+            ctrl.payback.caught_up(f"wave-{i}", bucket=3)
+            ctrl.payback.drafted(f"wave-{i}", 4)
+            ctrl.payback.finished(f"wave-{i}")
+        return ctrl
+
+    def k_alone(ctrl: SpeculationController) -> int:
+        catch_up = round(0.05 / ctrl.cost.setup_seconds(1))  # 5 plain steps' time
+        c = Candidate("a", K_MAX, setup_tokens=catch_up, tokens_left=400)
+        return ctrl.choose([c], num_sequences=1, base_tokens=1, token_budget=2048).k["a"]
+
+    def step(ctrl: SpeculationController, num_sequences: int) -> None:
+        others = [Candidate(f"o{i}", 0) for i in range(num_sequences)]  # nothing to draft
+        ctrl.choose(others, num_sequences, num_sequences, 2048)
+
+    assert trained().payback.horizon(3) == pytest.approx(4)
+    assert k_alone(trained()) > 0  # a server at one client: no record at 1, paid back over 400 tokens
+    busy = trained()
+    for _ in range(20):
+        step(busy, 4)
+    assert k_alone(busy) == 0  # at a load of 4: spread over 4 tokens
+    for _ in range(30):
+        step(busy, 1)
+    assert k_alone(busy) > 0  # the load fell to one
+
+
 @pytest.mark.parametrize("draft_ratio", [0.4, 1.5])
 def test_a_step_that_also_prefills_drafts_no_more_than_the_decode_step_it_would_be(draft_ratio):
     """Drafts buy tokens for the seconds they add; plain decode steps are what else that time buys.

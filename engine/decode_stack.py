@@ -13,8 +13,9 @@ norms, not Gemma) in bf16 on the CPU whose linear layers all run one of our kern
 tiled layers, a draft's row-routed ones, or bf16 `SmallBatchLinear`), with our row operations and the
 paged-decode attention bound. Which steps: those whose every sequence attends through the paged-decode
 kernel (decodes and windows of at most `SMALL_QUERY_ROWS` rows) and whose rows every layer sends to its
-kernel; a step with a prefill chunk runs the modules. `SPECSERVE_DECODE_STACK=0` turns it off (A/B runs). A caller that swaps a model's modules
-or kernels afterwards drops the stack first (`use_decode_stack(model, None)`).
+kernel; a step with a prefill chunk runs the modules. `SPECSERVE_DECODE_STACK=0` turns it off (A/B
+runs). A caller that swaps a model's modules or kernels afterwards drops the stack first
+(`use_decode_stack(model, None)`).
 """
 
 from __future__ import annotations

@@ -483,10 +483,8 @@ class _Realized:
         if self.promised_steps < REALIZED_MIN_STEPS or self.promised_seconds <= 0 or self.kept_seconds <= 0:
             return None
         delivered = self.kept_tokens / self.kept_seconds
-        tokens = self.promised_tokens + sum(
-            f * d for f, d in zip(factors, self.promised_drafted, strict=True)
-        )
-        promised = tokens / self.promised_seconds
+        promise = Promise(self.promised_tokens, self.promised_seconds, self.promised_drafted)
+        promised = promise.predicted_tokens(factors) / self.promised_seconds
         return promised / delivered if delivered > 0 else None
 
 
@@ -1214,9 +1212,9 @@ class SpeculationController:
             else:
                 unscaled += 1.0 + extra
         promise = Promise(unscaled, seconds, (drafted[0], drafted[1]))
-        factors = (self.gain_calibration[False].factor, self.gain_calibration[True].factor)
         static = any(c.static and k[c.request_id] > 0 for c in candidates)
-        return Decision(k, promise.predicted_tokens(factors), seconds, promise, probed, free, setup, static)
+        predicted = promise.predicted_tokens(self._gain_factors())
+        return Decision(k, predicted, seconds, promise, probed, free, setup, static)
 
     def _catch_up(self, c: Candidate, num_sequences: int) -> _CatchUp:
         tokens_left: float = max(1, c.tokens_left or 1)
@@ -1316,8 +1314,11 @@ class SpeculationController:
 
     def required_gain(self, num_sequences: int) -> float:
         """How much more goodput drafting must promise than not drafting, at this batch size."""
-        factors = (self.gain_calibration[False].factor, self.gain_calibration[True].factor)
-        return MIN_GAIN * self.cost.shortfall(num_sequences, factors)
+        return MIN_GAIN * self.cost.shortfall(num_sequences, self._gain_factors())
+
+    def _gain_factors(self) -> tuple[float, float]:
+        """The gain calibrations' factors, (costly, free): the order of `Promise.drafted`."""
+        return self.gain_calibration[False].factor, self.gain_calibration[True].factor
 
     # --- feedback ---------------------------------------------------------------------------------
     def observe_step(

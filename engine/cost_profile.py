@@ -17,7 +17,7 @@ import torch
 
 from .models import CausalDecoder, KVCache
 from .runner import SequenceInput, forward_sequences
-from .spec_controller import DraftCostProfile
+from .step_cost_model import DraftCostProfile
 
 logger = logging.getLogger("specserve.engine")
 

@@ -29,9 +29,10 @@ from .runner import forward_sequences, padded_num_slots
 from .sampler import compute_logprobs
 from .sampling_params import InvalidParameterError, SamplingParams
 from .scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput
-from .spec_controller import DraftCostProfile, Preview, SpeculationController, StepCostModel
+from .spec_controller import Preview, SpeculationController
 from .stats import EngineSnapshot, EngineStats, RequestTiming, StepRecord
 from .step_batch import Draft, RequestState, VerificationWindow, WindowBatch
+from .step_cost_model import DraftCostProfile, StepCostModel
 from .step_log import StepLog
 from .tokenizer import Tokenizer
 from .verifier import Window, verify_windows

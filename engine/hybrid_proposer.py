@@ -27,7 +27,8 @@ import torch
 
 from .proposer import ProposalRequest, Proposals, Proposer, ProposerContext
 from .request import Request
-from .spec_controller import DraftCostProfile, Preview
+from .spec_controller import Preview
+from .step_cost_model import DraftCostProfile
 
 INITIAL_ACCEPTANCE = 0.5  # a proposer's acceptance rate before a request has tried it
 ACCEPTANCE_ALPHA = 0.3  # weight of the newest verification in a request's per-proposer rate

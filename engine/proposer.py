@@ -46,7 +46,8 @@ import torch
 from .proposer_registry import ProposerError as ProposerError  # defined torch-free, raised by plugins
 from .random_streams import RequestRandom
 from .request import Request
-from .spec_controller import DraftCostProfile, Preview
+from .spec_controller import Preview
+from .step_cost_model import DraftCostProfile
 
 if TYPE_CHECKING:
     from .config import EngineConfig

@@ -20,7 +20,8 @@ from specserve.engine.request import Request
 from specserve.engine.row_routed_linear import float_copy_bytes
 from specserve.engine.runner import SequenceInput, forward_sequences
 from specserve.engine.sampler import draft_choices
-from specserve.engine.spec_controller import DraftCostProfile, Preview
+from specserve.engine.spec_controller import Preview
+from specserve.engine.step_cost_model import DraftCostProfile
 from specserve.engine.tokenizer import Tokenizer
 
 

@@ -19,6 +19,9 @@ PACKAGES = ("engine", "api", "plugins")  # installed as specserve.engine, specse
 PURE_PYTHON = (
     "engine.scheduler",
     "engine.spec_controller",
+    "engine.acceptance_model",
+    "engine.step_cost_model",
+    "engine.catch_up_payback",
     "engine.kv_cache_manager",
     "engine.block_pool",
     "engine.request",

@@ -156,7 +156,7 @@ def sloped_step_cost(slope: float = 0.1):
 
     With it the adaptive controller's choices depend on acceptance alone (and not on this machine's
     timing), and they differ between requests and steps, which is what the lossless tests need."""
-    from specserve.engine.spec_controller import Promise, StepCostModel
+    from specserve.engine.step_cost_model import Promise, StepCostModel
 
     class SlopedStepCost(StepCostModel):
         def observe_target(

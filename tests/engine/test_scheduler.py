@@ -45,6 +45,9 @@ def test_scheduling_modules_import_no_torch():
     for name in [
         "scheduler",
         "spec_controller",
+        "acceptance_model",
+        "step_cost_model",
+        "catch_up_payback",
         "kv_cache_manager",
         "block_pool",
         "request",

@@ -6,34 +6,38 @@ import math
 
 import pytest
 
+from specserve.engine.acceptance_model import (
+    MIN_GAIN_CALIBRATION,
+    AcceptanceModel,
+    GainCalibration,
+    expected_tokens,
+)
 from specserve.engine.kv_cache_manager import KVCacheManager
 from specserve.engine.request import Request
 from specserve.engine.sampling_params import SamplingParams
 from specserve.engine.scheduler import Scheduler, SchedulerConfig
 from specserve.engine.spec_controller import (
-    DRAFT_WINDOW,
     FIRST_PROBE_INTERVAL,
-    INCONSISTENT_FORWARDS,
     MAX_PROBE_INTERVAL,
     MAX_SAVED_PROBES,
     MIN_GAIN,
-    MIN_GAIN_CALIBRATION,
     PROBE_BUDGET,
+    Candidate,
+    Decision,
+    Preview,
+    SpeculationController,
+)
+from specserve.engine.step_cost_model import (
+    DRAFT_WINDOW,
+    INCONSISTENT_FORWARDS,
     REALIZED_MIN_STEPS,
     RESTART_FORWARDS,
     SETUP_MIN_TOKENS,
     SETUP_WINDOW,
     STALE_FORWARDS,
-    AcceptanceModel,
-    Candidate,
-    Decision,
     DraftCostProfile,
-    GainCalibration,
-    Preview,
     Promise,
-    SpeculationController,
     StepCostModel,
-    expected_tokens,
 )
 
 K_MAX = 8

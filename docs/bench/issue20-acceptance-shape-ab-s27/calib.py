@@ -10,7 +10,7 @@ from batch1 import build_llm, old_controller  # noqa: E402
 
 from specserve.benchmarks.prompt_sets import load_prompts, parse_categories  # noqa: E402
 from specserve.engine import SamplingParams  # noqa: E402
-from specserve.engine.spec_controller import expected_tokens  # noqa: E402
+from specserve.engine.acceptance_model import expected_tokens  # noqa: E402
 
 llm = build_llm()
 eng = llm.engine

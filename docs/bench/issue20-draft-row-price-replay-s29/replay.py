@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from specserve.benchmarks.step_log_report import serve_cells
-from specserve.engine.spec_controller import StepCostModel, _calibration_key
+from specserve.engine.step_cost_model import StepCostModel, _calibration_key
 
 BENCH = Path(__file__).parent.parent
 SERVED = BENCH / "issue20-serve-smollm2-epyc512-c16-r16-s29"

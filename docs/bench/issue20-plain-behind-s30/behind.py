@@ -19,7 +19,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from specserve.benchmarks.step_log_report import serve_cells
-from specserve.engine.spec_controller import INCONSISTENT_FORWARDS, StepCostModel, _bucket
+from specserve.engine.step_cost_model import INCONSISTENT_FORWARDS, StepCostModel
+from specserve.engine.step_cost_model import batch_bucket as _bucket
 
 BENCH = Path(__file__).parent.parent
 sys.path.insert(0, str(BENCH / "issue20-draft-row-price-replay-s29"))

@@ -85,7 +85,7 @@ def traced(out: Any) -> Any:
             "dstep1": round(cost.draft_step_seconds(1), 4),
             "dstep": round(cost.draft_step_seconds(max(1, len(candidates))), 4),
             "setup1": round(cost.setup_seconds(100) / 100, 5),
-            "hz": self.payback.horizon(sc._bucket(num_sequences)),
+            "hz": self.payback.horizon(sc.batch_bucket(num_sequences)),
             "c": [
                 [c.request_id, c.cap, int(c.free), c.hint, c.setup_tokens, c.tokens_left]
                 + [round(self.acceptance.rates(c.request_id, None, c.hint)[0], 2)]

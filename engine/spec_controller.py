@@ -219,7 +219,8 @@ class SpeculationController:
                     max_steps, drafting = max(max_steps, n), drafting + 1
         free = frozenset(c.request_id for c in candidates if c.free and not c.static)
         # What the controller's drafts of each kind delivered against their expectation (<= 1).
-        factor = {rid: self.gain_calibration[rid in free].factor for rid in k}
+        factors = self._gain_factors()  # (costly, free): indexed by whether a request's proposal is free
+        factor = {rid: factors[rid in free] for rid in k}
         # Every adaptive draft slot, by its marginal expected tokens (non-increasing along a request,
         # so any prefix of this order gives each request a prefix of its drafts).
         slots: list[tuple[float, int, str]] = []
@@ -390,7 +391,7 @@ class SpeculationController:
             key = (min(c.cap, self.k_max), is_free)
             if key not in answers:
                 rid = c.request_id if is_free else "\0probe"  # an id no catch-up is kept under
-                certain = [(self.gain_calibration[is_free].factor, j, rid) for j in range(key[0])]
+                certain = [(factors[is_free], j, rid) for j in range(key[0])]
                 merged = sorted(drafted_slots + certain, key=lambda s: (-s[0], s[1]))
                 g, n = best_prefix(merged)
                 answers[key] = g > threshold and any(r == rid for _, _, r in merged[:n])
@@ -415,7 +416,7 @@ class SpeculationController:
                 unscaled += 1.0 + extra
         promise = Promise(unscaled, seconds, (drafted[0], drafted[1]))
         static = any(c.static and k[c.request_id] > 0 for c in candidates)
-        predicted = promise.predicted_tokens(self._gain_factors())
+        predicted = promise.predicted_tokens(factors)
         return Decision(k, predicted, seconds, promise, probed, free, setup, static)
 
     def _catch_up(self, c: Candidate, num_sequences: int) -> _CatchUp:

@@ -54,8 +54,9 @@ SLOPE_PRIOR_WEIGHT = 2.0
 DRAFT_ALPHA = 0.2
 # A plain decode step's price not measured for this many decode forwards of its batch size (all had
 # draft rows) is refreshed: the controller runs one step without drafts when drafting's margin over
-# it is thin enough for a stale price to have decided it (REFRESH_MARGIN), and that step's residual
-# restarts the calibration's offset. A step without drafts in 40 at such a thin margin costs < 0.5%.
+# it is thin enough for a stale price to have decided it (spec_controller.REFRESH_MARGIN), and that
+# step's residual restarts the calibration's offset. A step without drafts in 40 at such a thin margin
+# costs < 0.5%.
 STALE_FORWARDS = 40
 # A plain decode step priced above the last step of the same batch with draft rows, each by its own
 # calibration, says one of the two prices is another time's machine speed (rows cannot make a step

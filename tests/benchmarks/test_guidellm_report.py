@@ -114,7 +114,7 @@ def test_the_script_alternates_which_arm_goes_first_by_level_and_repeat(tmp_path
         "data = json.loads(args[args.index('--data') + 1])\n"
         "assert data == {'kind': 'synthetic_text', 'prompt_tokens': 256, 'output_tokens': 32,"
         " 'output_tokens_stdev': 8, 'output_tokens_min': 16}, data\n"
-        f"open({str(calls)!r}, 'a').write(path.rsplit('/', 1)[1] + ' ' + json.dumps(spec) + '\\n')\n"
+        f"open({str(calls)!r}, 'a').write(path.rsplit('/', 1)[1] + ' ' + str(count) + ' ' + json.dumps(spec) + '\\n')\n"
         "open(path, 'w').write('{}')\n"
     )
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
@@ -151,6 +151,9 @@ def test_the_script_alternates_which_arm_goes_first_by_level_and_repeat(tmp_path
         "c16-off-r1.json",
         "c16-default-r1.json",
     ]
-    specs = dict(line.split(maxsplit=1) for line in lines)
+    # LEVEL x REQUESTS_PER_STREAM requests a cell, at least MIN_REQUESTS (24 unless set).
+    counts = {name: int(count) for name, count, _ in (line.split(maxsplit=2) for line in lines)}
+    assert {name.split("-")[0]: count for name, count in counts.items()} == {"c1": 24, "c4": 24, "c16": 32}
+    specs = {name: spec for name, _, spec in (line.split(maxsplit=2) for line in lines)}
     assert json.loads(specs["c1-off-r0.json"]) == {"enabled": False}
     assert json.loads(specs["c1-default-r0.json"]) == {}

@@ -8,9 +8,9 @@ time (its fitted curve against the measured steps, plotted).
 
 The oracle is the best of the sweep's arms on the same runs it is compared on, so each arm's noise is
 in its favour: the largest of eight noisy figures. With --repeats 2 or more the report also gives
-adaptive against the K the other repeats found best, averaged over the repeats (held-out oracle): two
+adaptive against the K the other repeats found best, averaged over the repeats (held-out oracle). Two
 runs of the same code put adaptive at 0.956x of the oracle pooled and 0.989x of the K chosen on the
-other run (docs/bench/issue20-s44).
+other run; with a third, 0.965x and 0.964x (docs/bench/issue20-s44).
 
     python -m specserve.benchmarks.bench_spec_policy --per-category 1 --max-tokens 128
 """

@@ -27,7 +27,10 @@ import policy_sim  # noqa: E402
 SEEDS = range(6)
 
 
-def noisy_adaptive(sigma: float, rng: random.Random):  # noqa: ANN201 (policy_sim.adaptive_seconds' shape)
+def noisy_adaptive(sigma: float, rng: random.Random, plain: list[int]):  # noqa: ANN201 (adaptive_seconds' shape)
+    """policy_sim.adaptive_seconds with noisy measurements; `plain` counts [steps that could draft, those
+    the controller gave no drafts]."""
+
     def noisy(seconds: float) -> float:
         return seconds * rng.lognormvariate(0.0, sigma)
 
@@ -41,6 +44,9 @@ def noisy_adaptive(sigma: float, rng: random.Random):  # noqa: ANN201 (policy_si
                 [Candidate(rid, cap, False, None, (), False, missing, max_tokens - t)], 1, 1, 8192
             )
             k = decision.k.get(rid, 0)
+            if cap > 0:
+                plain[0] += 1
+                plain[1] += k == 0
             accepted = min(k, policy_sim.run_length(agree, t))
             setup = missing if k else 0
             forward = noisy(policy_sim.target_seconds(1 + k))
@@ -68,8 +74,8 @@ def noisy_adaptive(sigma: float, rng: random.Random):  # noqa: ANN201 (policy_si
     return adaptive
 
 
-def mean_vs_oracle(traces: str, sets: list[str], sigma: float, seed: int) -> float:
-    policy_sim.adaptive_seconds = noisy_adaptive(sigma, random.Random(seed))
+def mean_vs_oracle(traces: str, sets: list[str], sigma: float, seed: int, plain: list[int]) -> float:
+    policy_sim.adaptive_seconds = noisy_adaptive(sigma, random.Random(seed), plain)
     sys.argv = ["policy_sim.py", traces, "48", *sets]
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
@@ -93,11 +99,14 @@ def main() -> None:
         for attr, fn in patches.items():
             setattr(StepCostModel, attr, fn)
         for sets in (["bench"], ["heldout-s44", "heldout-s36"]):
-            quiet = mean_vs_oracle(traces, sets, 0.0, 0)
-            runs = [mean_vs_oracle(traces, sets, sigma, seed) for seed in SEEDS]
+            quiet_plain, noisy_plain = [0, 0], [0, 0]
+            quiet = mean_vs_oracle(traces, sets, 0.0, 0, quiet_plain)
+            runs = [mean_vs_oracle(traces, sets, sigma, seed, noisy_plain) for seed in SEEDS]
             print(
                 f"{name:24s} {' '.join(sets):24s} no noise {quiet:.3f}; sigma {sigma}: mean {statistics.mean(runs):.3f}"
-                f" (seeds {' '.join(f'{r:.3f}' for r in runs)}) adaptive / best static K, mean over categories"
+                f" (seeds {' '.join(f'{r:.3f}' for r in runs)}) adaptive / best static K, mean over categories;"
+                f" steps without drafts where drafts were allowed: {quiet_plain[1] / quiet_plain[0]:.1%} without"
+                f" noise, {noisy_plain[1] / noisy_plain[0]:.1%} with it"
             )
         for attr, fn in saved.items():
             setattr(StepCostModel, attr, fn)

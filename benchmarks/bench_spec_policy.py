@@ -143,29 +143,42 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     return report
 
 
-def summarize(results: list[dict[str, Any]], sweep: list[int]) -> dict[str, Any]:
-    def speed(arm: str, rows: list[dict[str, Any]]) -> dict[Any, float]:
-        return {(r["prompt"], r["repeat"]): r["tok_s"] for r in rows if r["arm"] == arm}
+def _speeds(rows: list[dict[str, Any]], arm: str) -> dict[Any, float]:
+    """One arm's tok/s by (prompt, repeat), the key its paired ratios match on."""
+    return {(r["prompt"], r["repeat"]): r["tok_s"] for r in rows if r["arm"] == arm}
 
+
+def _static_vs_off(rows: list[dict[str, Any]], sweep: list[int]) -> dict[str, float | None]:
+    """Each static K's speed against off (paired by prompt and repeat, median), keyed "k<K>"."""
+    off = _speeds(rows, "off")
+    return {f"k{k}": st.compare(_speeds(rows, f"k{k}"), off).median for k in sweep}
+
+
+def _best_static_k(vs_off: dict[str, float | None], sweep: list[int]) -> int:
+    return max(sweep, key=lambda k: vs_off[f"k{k}"] or 0.0)
+
+
+def summarize(results: list[dict[str, Any]], sweep: list[int]) -> dict[str, Any]:
     categories = list(dict.fromkeys(r["category"] for r in results))
     per_category = []
     for cat in categories:
         rows = [r for r in results if r["category"] == cat]
-        off = speed("off", rows)
-        vs_off = {f"k{k}": st.compare(speed(f"k{k}", rows), off).median for k in sweep}
-        vs_off["adaptive"] = st.compare(speed("adaptive", rows), off).median
-        oracle = max(sweep, key=lambda k: vs_off[f"k{k}"] or 0.0)
-        adaptive = speed("adaptive", rows)
+        off = _speeds(rows, "off")
+        vs_off = _static_vs_off(rows, sweep)
+        vs_off["adaptive"] = st.compare(_speeds(rows, "adaptive"), off).median
+        oracle = _best_static_k(vs_off, sweep)
+        adaptive = _speeds(rows, "adaptive")
         per_category.append(
             {
                 "category": cat,
                 "off_tok_s": st.median(off.values()),
                 "vs_off": vs_off,
                 "oracle_k": oracle,
-                "adaptive_vs_oracle": st.compare(adaptive, speed(f"k{oracle}", rows)).median,
-                "adaptive_vs_k5": st.compare(adaptive, speed(f"k{REFERENCE_K}", rows)).median
+                "adaptive_vs_oracle": st.compare(adaptive, _speeds(rows, f"k{oracle}")).median,
+                "adaptive_vs_k5": st.compare(adaptive, _speeds(rows, f"k{REFERENCE_K}")).median
                 if REFERENCE_K in sweep
                 else None,
+                "adaptive_vs_heldout_oracle": _heldout_oracle(rows, sweep),
                 "adaptive_mean_k": st.median(r["mean_k"] for r in rows if r["arm"] == "adaptive"),
                 "lossless": all(
                     r["tokens"]
@@ -173,10 +186,6 @@ def summarize(results: list[dict[str, Any]], sweep: list[int]) -> dict[str, Any]
                     for r in rows
                 ),
             }
-        )
-    for c in per_category:
-        c["adaptive_vs_heldout_oracle"] = _heldout_oracle(
-            [r for r in results if r["category"] == c["category"]], sweep
         )
     heldout = [c["adaptive_vs_heldout_oracle"] for c in per_category]
     hist: dict[str, int] = {}
@@ -200,21 +209,15 @@ def _heldout_oracle(rows: list[dict[str, Any]], sweep: list[int]) -> float | Non
     """One category's adaptive / the static K chosen without the repeat it is judged on: for each
     repeat, the K fastest against off over the other repeats, compared with adaptive on this one (paired
     by prompt, median); the mean over repeats. None with a single repeat."""
-
-    def speed(arm: str, repeats: set[int]) -> dict[Any, float]:
-        return {
-            (r["prompt"], r["repeat"]): r["tok_s"] for r in rows if r["arm"] == arm and r["repeat"] in repeats
-        }
-
     repeats = {r["repeat"] for r in rows}
     if len(repeats) < 2:
         return None
     ratios = []
     for judged in sorted(repeats):
-        others = repeats - {judged}
-        off = speed("off", others)
-        chosen = max(sweep, key=lambda k: st.compare(speed(f"k{k}", others), off).median or 0.0)
-        ratio = st.compare(speed("adaptive", {judged}), speed(f"k{chosen}", {judged})).median
+        others = [r for r in rows if r["repeat"] != judged]
+        chosen = _best_static_k(_static_vs_off(others, sweep), sweep)
+        this = [r for r in rows if r["repeat"] == judged]
+        ratio = st.compare(_speeds(this, "adaptive"), _speeds(this, f"k{chosen}")).median
         if ratio is None:
             return None
         ratios.append(ratio)

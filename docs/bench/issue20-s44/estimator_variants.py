@@ -12,14 +12,10 @@ built:
 
 from __future__ import annotations
 
-import contextlib
-import io
 import sys
 from pathlib import Path
 
 from specserve.engine import acceptance_model as am
-from specserve.engine.spec_controller import SpeculationController
-from specserve.engine.step_cost_model import DraftCostProfile, StepCostModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import policy_sim  # noqa: E402
@@ -54,26 +50,16 @@ class DeepestTried(am.AcceptanceModel):
 
 
 def main() -> None:
-    traces = sys.argv[1]
     for name, model in (
         ("as built", am.AcceptanceModel),
         ("later pooled apart", LaterPooledApart),
         ("deepest tried", DeepestTried),
     ):
-
-        def controller(model: type[am.AcceptanceModel] = model) -> SpeculationController:
-            profile = DraftCostProfile(((1, policy_sim.DRAFT_TOKEN_S),), policy_sim.CATCH_UP_TOKEN_S)
-            cost = StepCostModel(policy_sim.CURVE, draft_profile=profile)
-            return SpeculationController(policy_sim.K_MAX, cost, model(policy_sim.K_MAX))
-
-        policy_sim.make_controller = controller
         for sets in (["heldout-s44", "heldout-s36"], ["bench"]):
-            sys.argv = ["policy_sim.py", traces, "48", *sets]
-            text = io.StringIO()
-            with contextlib.redirect_stdout(text):
-                policy_sim.main()
+            traces = policy_sim.load_traces(sys.argv[1], sets)
+            ctl = policy_sim.make_controller(model(policy_sim.K_MAX))
             print(f"# {name} [{' '.join(sets)}]")
-            print(text.getvalue().strip())
+            print(policy_sim.report(*policy_sim.simulate(traces, 48, ctl)))
             print()
 
 

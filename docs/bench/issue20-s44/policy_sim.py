@@ -17,7 +17,9 @@ import json
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from specserve.engine import acceptance_model
 from specserve.engine.spec_controller import Candidate, SpeculationController
@@ -58,31 +60,47 @@ def static_seconds(agree: list[int], max_tokens: int, k: int, prompt_tokens: int
     return seconds
 
 
+def exact(seconds: float) -> float:
+    return seconds
+
+
 def adaptive_seconds(
-    ctl: SpeculationController, rid: str, agree: list[int], max_tokens: int, prompt_tokens: int
+    ctl: SpeculationController,
+    rid: str,
+    agree: list[int],
+    max_tokens: int,
+    prompt_tokens: int,
+    measure: Callable[[float], float] = exact,
+    plain: list[int] | None = None,
 ) -> tuple[float, float]:
+    """The request's time under the controller and its mean k. `measure` turns a modelled forward or
+    draft time into the one the controller is shown (noise_sim.py: the machine's noise); the arm is
+    charged the modelled time. `plain`, when given, counts [steps that could draft, steps given none]."""
     t, seconds, missing, ks = 1, 0.0, prompt_tokens + 1, []
     while t < max_tokens:
         cap = min(K_MAX, max_tokens - t - 1)
         cand = Candidate(rid, cap, False, None, (), False, missing, max_tokens - t)
         decision = ctl.choose([cand], 1, 1, 8192)
         k = decision.k.get(rid, 0)
+        if plain is not None and cap > 0:
+            plain[0] += 1
+            plain[1] += k == 0
         acc = min(k, run_length(agree, t))
         setup = missing if k else 0
-        seconds_step = step_seconds(k, setup)
+        forward = measure(target_seconds(1 + k))
+        draft = measure(DRAFT_TOKEN_S * k + CATCH_UP_TOKEN_S * setup) if k else 0.0
         cost = ctl.cost
-        cost.observe_target(1, 1 + k, target_seconds(1 + k), 0)
+        cost.observe_target(1, 1 + k, forward, 0)
         if k:
-            draft_s = DRAFT_TOKEN_S * k + CATCH_UP_TOKEN_S * setup
             if rid in decision.probed:
-                cost.observe_probe(1, draft_s, setup)
+                cost.observe_probe(1, draft, setup)
             else:
-                cost.observe_draft(1, k, draft_s, setup)
+                cost.observe_draft(1, k, draft, setup)
         cost.observe_overhead(OVERHEAD_S)
         if rid not in decision.probed:
-            ctl.observe_step(1, k > 0, acc + 1, seconds_step, decision.promise)
+            ctl.observe_step(1, k > 0, acc + 1, forward + draft + OVERHEAD_S, decision.promise)
         ctl.observe_verification(rid, k, acc, list(range(acc + 1)))
-        seconds += seconds_step
+        seconds += step_seconds(k, setup)
         ks.append(k)
         # The draft's cache: after a window it lacks the bonus token (and the last draft when all
         # were accepted); without a window it falls one token further behind.
@@ -92,9 +110,70 @@ def adaptive_seconds(
     return seconds, statistics.mean(ks)
 
 
-def make_controller() -> SpeculationController:
+def make_controller(acceptance: acceptance_model.AcceptanceModel | None = None) -> SpeculationController:
     cost = StepCostModel(CURVE, draft_profile=DraftCostProfile(((1, DRAFT_TOKEN_S),), CATCH_UP_TOKEN_S))
-    return SpeculationController(K_MAX, cost)
+    return SpeculationController(K_MAX, cost, acceptance)
+
+
+Seconds = dict[str, dict[str, float]]  # category -> arm ("off", "k1".."k8", "adaptive") -> seconds
+
+
+def simulate(
+    traces: list[dict[str, Any]],
+    max_tokens: int,
+    ctl: SpeculationController,
+    measure: Callable[[float], float] = exact,
+    plain: list[int] | None = None,
+) -> tuple[Seconds, dict[str, list[float]]]:
+    """Every arm's seconds per category, and adaptive's mean k per request by category."""
+    by_cat: Seconds = defaultdict(lambda: defaultdict(float))
+    mean_k: dict[str, list[float]] = defaultdict(list)
+    for i, tr in enumerate(traces):
+        agree, n = tr["agree"], tr["prompt_tokens"]
+        cat = by_cat[tr["category"]]
+        cat["off"] += (max_tokens - 1) * step_seconds(0, 0)
+        for k in range(1, K_MAX + 1):
+            cat[f"k{k}"] += static_seconds(agree, max_tokens, k, n)
+        s, mk = adaptive_seconds(ctl, f"r{i}", agree, max_tokens, n, measure, plain)
+        cat["adaptive"] += s
+        mean_k[tr["category"]].append(mk)
+    return by_cat, mean_k
+
+
+def vs_oracle(cat: dict[str, float]) -> tuple[str, float]:
+    """The category's fastest static K and adaptive's speed against it."""
+    oracle = min((k for k in cat if k.startswith("k")), key=lambda k: cat[k])
+    return oracle, cat[oracle] / cat["adaptive"]
+
+
+def mean_vs_oracle(by_cat: Seconds) -> float:
+    return statistics.mean(vs_oracle(cat)[1] for cat in by_cat.values())
+
+
+def report(by_cat: Seconds, mean_k: dict[str, list[float]]) -> str:
+    lines = [
+        f"{'category':15s} {'adaptive/oracle':>15s} {'oracle':>6s} {'adaptive/K5':>11s} {'off/adaptive':>12s} mean k"
+    ]
+    ratios, vs_k5 = [], []
+    for name, cat in by_cat.items():
+        oracle, ratio = vs_oracle(cat)
+        ratios.append(ratio)
+        vs_k5.append(cat["k5"] / cat["adaptive"])
+        lines.append(
+            f"{name:15s} {ratio:15.3f} {oracle:>6s} {vs_k5[-1]:11.3f} {cat['off'] / cat['adaptive']:12.3f}"
+            f" {statistics.mean(mean_k[name]):.2f}"
+        )
+    within = sum(v >= 0.97 for v in ratios)
+    lines.append(
+        f"mean adaptive/oracle {statistics.mean(ratios):.3f} (within 3%: {within} of {len(ratios)}),"
+        f" mean adaptive/K5 {statistics.mean(vs_k5):.3f}"
+    )
+    return "\n".join(lines)
+
+
+def load_traces(path: str, sets: list[str]) -> list[dict[str, Any]]:
+    data = json.loads(Path(path).read_text())
+    return [tr for tr in data["traces"] if tr["set"] in (set(sets) or {"bench"})]
 
 
 def main() -> None:
@@ -105,39 +184,8 @@ def main() -> None:
             if not hasattr(acceptance_model, name):
                 raise SystemExit(f"acceptance_model has no {name}")
             setattr(acceptance_model, name, float(value))
-    data = json.loads(Path(args[0]).read_text())
     max_tokens = int(args[1]) if len(args) > 1 else 48
-    sets = set(args[2:]) or {"bench"}
-    traces = [tr for tr in data["traces"] if tr["set"] in sets]
-    ctl = make_controller()
-    by_cat: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    mean_k: dict[str, list[float]] = defaultdict(list)
-    for i, tr in enumerate(traces):
-        agree, n = tr["agree"], tr["prompt_tokens"]
-        cat = by_cat[tr["category"]]
-        cat["off"] += (max_tokens - 1) * step_seconds(0, 0)
-        for k in range(1, K_MAX + 1):
-            cat[f"k{k}"] += static_seconds(agree, max_tokens, k, n)
-        s, mk = adaptive_seconds(ctl, f"r{i}", agree, max_tokens, n)
-        cat["adaptive"] += s
-        mean_k[tr["category"]].append(mk)
-    vs_oracle, vs_k5 = [], []
-    print(
-        f"{'category':15s} {'adaptive/oracle':>15s} {'oracle':>6s} {'adaptive/K5':>11s} {'off/adaptive':>12s} mean k"
-    )
-    for name, cat in by_cat.items():
-        oracle = min((k for k in cat if k.startswith("k")), key=lambda k: cat[k])
-        vs_oracle.append(cat[oracle] / cat["adaptive"])
-        vs_k5.append(cat["k5"] / cat["adaptive"])
-        print(
-            f"{name:15s} {vs_oracle[-1]:15.3f} {oracle:>6s} {vs_k5[-1]:11.3f} {cat['off'] / cat['adaptive']:12.3f}"
-            f" {statistics.mean(mean_k[name]):.2f}"
-        )
-    within = sum(v >= 0.97 for v in vs_oracle)
-    print(
-        f"mean adaptive/oracle {statistics.mean(vs_oracle):.3f} (within 3%: {within} of {len(vs_oracle)}),"
-        f" mean adaptive/K5 {statistics.mean(vs_k5):.3f}"
-    )
+    print(report(*simulate(load_traces(args[0], args[2:]), max_tokens, make_controller())))
 
 
 if __name__ == "__main__":

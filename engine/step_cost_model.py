@@ -69,6 +69,17 @@ STALE_FORWARDS = 40
 # two such runs' logs, the plain price was behind in 8 of the 9 cells whose drafting steps delivered
 # less than undrafted ones and in none of the 18 whose drafting gained (1.02-1.13x).
 INCONSISTENT_FORWARDS = 8
+# "Priced below the plain step" means below it by more than this share of the plain price: timing noise
+# alone puts a step with a few draft rows below a plain one (Qwen pair at one sequence on the EPYC VM:
+# 4 tokens 91.0 ms, 1 token 89.5 ms, forwards of one size spread by sd(log) 0.08-0.12), and each such
+# reading restarted a price or cost a plain refreshing step. Simulated over 41 prompts' draft-agreement
+# traces with that noise (docs/bench/issue20-s44/refresh_tolerance_sim.py), no margin kept adaptive at
+# 0.961x / 0.967x of the best static K per category (benchmark / held-out prompts) with 8.5% / 6.2% of
+# its steps undrafted; 0.10 at 0.972x / 0.977x with 3.7% / 3.3%. The slow spell above (117 ms against
+# 89-102 ms, 13-24% apart) is still caught. A plain price above drafting's by less than the margin is
+# measured again once it is STALE_FORWARDS old, whatever drafting's margin: on its floor the draft
+# rows of a step priced 5% below it are priced at nothing.
+INCONSISTENT_MARGIN = 0.10
 # The forwards a calibration's offset starts from (their median residual), and the plain decode steps a
 # batch size must have measured before drafting is weighed against their price: the first decode step
 # after a prefill can take twice a plain step's time (Qwen pair, 2 clients, AVX-512 Xeon: 0.69 s, then
@@ -333,11 +344,16 @@ class StepCostModel:
         target_curve: Sequence[tuple[int, float]],
         draft_cost_ratio: float = 0.0,
         draft_profile: DraftCostProfile | None = None,
+        inconsistent_margin: float = INCONSISTENT_MARGIN,
     ):
         """target_curve: (tokens in one forward, seconds), from a profile; draft_cost_ratio: the
         proposer's cost per draft step as a fraction of the target's step at the same batch size
         before any measurement (its weights over the target's: 0 for n-gram lookup), used when the
-        proposer timed nothing at start-up (`draft_profile`)."""
+        proposer timed nothing at start-up (`draft_profile`); inconsistent_margin: how far below the
+        plain step's price a step with draft rows must be priced before the two count as disagreeing
+        (INCONSISTENT_MARGIN)."""
+        if not 0.0 <= inconsistent_margin < 1.0:
+            raise ValueError(f"inconsistent_margin must be in [0, 1), got {inconsistent_margin}")
         points = sorted((max(1, int(n)), max(0.0, float(s))) for n, s in target_curve)
         if not points:
             raise ValueError("the target cost curve needs at least one point")
@@ -349,6 +365,7 @@ class StepCostModel:
         self._curve: dict[int, float] = {}
         self.draft_cost_ratio = draft_cost_ratio
         self.draft_profile = draft_profile
+        self.inconsistent_margin = inconsistent_margin
         self._calibration: dict[tuple[int, bool, bool], _Calibration] = {}  # see _calibration_key
         self._forwards: dict[int, int] = {}  # batch bucket -> decode forwards measured (plain_is_stale)
         self._draft_steps: dict[int, deque[float]] = {}  # batch bucket -> recent seconds per draft step
@@ -465,19 +482,22 @@ class StepCostModel:
         """Decode forwards of this batch bucket since this kind of step was last measured."""
         return self._forwards.get(bucket, 0) - calibration.last_forward
 
-    def _below_plain(self, bucket: int, num_sequences: int, profiled: float) -> bool:
+    def _below_plain(self, bucket: int, num_sequences: int, profiled: float, margin: float) -> bool:
         """Whether a step with draft rows (its regressor `profiled`) is priced by its own calibration
-        below the plain step of the same batch by theirs (INCONSISTENT_FORWARDS)."""
+        below the plain step of the same batch by theirs, by more than `margin` of the plain price
+        (INCONSISTENT_FORWARDS, INCONSISTENT_MARGIN)."""
         plain = self._calibration.get((bucket, False, False))
         drafting = self._calibration.get((bucket, False, True))
         if plain is None or drafting is None or not plain.settled or not drafting.settled:
             return False
-        return drafting.predict(profiled) < plain.predict(float(max(1, num_sequences)))
+        plain_price = plain.predict(float(max(1, num_sequences)))
+        return drafting.predict(profiled) < (1.0 - margin) * plain_price
 
     def plain_is_behind(self, num_sequences: int) -> bool:
         """Whether this batch size's plain price is above what the last step with draft rows is priced
-        at by its own calibration, and was last measured INCONSISTENT_FORWARDS or more decode forwards
-        of it ago (steps with draft rows ran since): then the plain price is the stale one, and the
+        at by its own calibration, by more than `inconsistent_margin` and last measured
+        INCONSISTENT_FORWARDS or more decode forwards of it ago, or by any amount and last measured
+        STALE_FORWARDS or more ago (steps with draft rows ran since): then the plain price is the stale one, and the
         drafting steps' prices rest on the floor it sets (`target_seconds`), so their rows look free.
         The last drafting step's own shape is compared, not one extrapolated along the profile: steps
         of eight rows priced right extrapolate to one row below a plain step that costs as much."""
@@ -485,13 +505,18 @@ class StepCostModel:
         plain = self._calibration.get((bucket, False, False))
         if plain is None:
             return False
-        return self._age(bucket, plain) >= INCONSISTENT_FORWARDS and self._plain_above_drafting(bucket)
+        age = self._age(bucket, plain)
+        if age >= STALE_FORWARDS:
+            # Below it by less than the noise too: rows priced at nothing on the plain price's floor
+            # would otherwise stay so for as long as drafting's margin is wide.
+            return self._plain_above_drafting(bucket, 0.0)
+        return age >= INCONSISTENT_FORWARDS and self._plain_above_drafting(bucket, self.inconsistent_margin)
 
-    def _plain_above_drafting(self, bucket: int) -> bool:
+    def _plain_above_drafting(self, bucket: int, margin: float) -> bool:
         """Whether the last step with draft rows of this batch bucket is priced by its own calibration
-        below the plain step of its batch size."""
+        below the plain step of its batch size by more than `margin` of the plain price."""
         drafting = self._calibration.get((bucket, False, True))
-        return drafting is not None and self._below_plain(bucket, *drafting.last_shape)
+        return drafting is not None and self._below_plain(bucket, *drafting.last_shape, margin)
 
     def plain_is_measured(self, num_sequences: int) -> bool:
         """Whether the plain decode steps of this batch size were measured RESTART_FORWARDS times. Until
@@ -583,9 +608,10 @@ class StepCostModel:
         other = self._calibration.get((bucket, False, not key[2]))
         older = other is not None and other.last_forward > calibration.last_forward
         disagree = older and (
-            self._below_plain(bucket, num_sequences, x)  # this step's own old price, with draft rows
+            # this step's own old price, with draft rows
+            self._below_plain(bucket, num_sequences, x, self.inconsistent_margin)
             if key[2]
-            else self._plain_above_drafting(bucket)
+            else self._plain_above_drafting(bucket, self.inconsistent_margin)
         )
         stale = calibration.weight > 0 and (age >= STALE_FORWARDS or disagree)
         forwards = self._forwards.get(bucket, 0) + 1

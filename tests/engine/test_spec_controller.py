@@ -30,6 +30,7 @@ from specserve.engine.spec_controller import (
 from specserve.engine.step_cost_model import (
     DRAFT_WINDOW,
     INCONSISTENT_FORWARDS,
+    INCONSISTENT_MARGIN,
     REALIZED_MIN_STEPS,
     RESTART_FORWARDS,
     SETUP_MIN_TOKENS,
@@ -611,28 +612,68 @@ def test_a_plain_price_not_measured_for_long_is_measured_again():
     assert cost.target_seconds(4, 4) == pytest.approx(0.30, rel=0.02)
 
 
+def _behind_run(row_seconds: float, steps: int) -> tuple[StepCostModel, list[int]]:
+    """Plain steps priced in a slow spell (0.40 s), then a cheap draft and a fast machine again: a
+    plain step 0.30 s, each draft row `row_seconds` more. Returns the k chosen per step."""
+    cost = StepCostModel(QWEN_4_CLIENTS)
+    for _ in range(5):
+        cost.observe_target(4, 4, 0.40)  # the slow spell
+    ctrl = _teach_stale(cost, draft_seconds=0.001)  # drafting's margin is far beyond REFRESH_MARGIN
+    ks = []
+    for _ in range(steps):
+        k = ctrl.choose(FOUR_CLIENTS, num_sequences=4, base_tokens=4, token_budget=64).k["d"]
+        cost.observe_target(4, 4 + k, 0.30 + row_seconds * k)
+        ks.append(k)
+    return cost, ks
+
+
 def test_a_plain_price_above_the_drafting_steps_is_measured_again_whatever_the_margin():
     """A slow spell while plain steps ran left their price above the drafting steps' that followed
     (SmolLM2, 16 clients, EPYC VM: 117 ms against 89-102 ms); the "never below plain" floor then priced
     draft rows at nothing, and 80 steps drafted at 0.19 accepted a draft for 0.90x of the same steps
     undrafted. Then, INCONSISTENT_FORWARDS drafting steps after the last plain one, the plain step is
     measured again even at a wide margin, and its time restarts the plain price."""
-    cost = StepCostModel(QWEN_4_CLIENTS)
-    for _ in range(5):
-        cost.observe_target(4, 4, 0.40)  # the slow spell
-    ctrl = _teach_stale(cost, draft_seconds=0.001)  # drafting's margin is far beyond REFRESH_MARGIN
-    ks = []
-    for _ in range(3 * INCONSISTENT_FORWARDS):
-        step = ctrl.choose(FOUR_CLIENTS, num_sequences=4, base_tokens=4, token_budget=64)
-        k = step.k["d"]
-        # The machine is fast again: a plain step 0.30 s, a draft row 0.01 s more.
-        cost.observe_target(4, 4 + k, 0.30 + 0.01 * k)
-        ks.append(k)
+    cost, ks = _behind_run(row_seconds=0.005, steps=3 * INCONSISTENT_FORWARDS)  # 8 rows: 0.34 s
     assert min(ks[:INCONSISTENT_FORWARDS]) > 0  # while the plain price is fresh, drafting goes on
     assert ks[INCONSISTENT_FORWARDS] == 0  # then one plain step measures it again
     assert cost.target_seconds(4, 4) == pytest.approx(0.30, rel=0.01)  # restarted, not 0.38 on its way
     assert ks.count(0) == 1 and not cost.plain_is_behind(4)  # consistent again: drafting goes on
     assert cost.target_seconds(4, 4 + ks[-1]) > cost.target_seconds(4, 4)  # its rows are not free
+
+
+def test_a_plain_price_above_drafting_by_less_than_the_margin_is_measured_again_when_stale():
+    """Drafting steps priced below the plain step by less than INCONSISTENT_MARGIN (here 8 rows at
+    0.38 s against the slow spell's 0.40 s) may be noise, and are not a reason to measure a plain step
+    at once; but on the plain price's floor their rows are priced at nothing, so a plain price that old
+    is measured again once it is STALE_FORWARDS forwards old, whatever drafting's margin."""
+    cost, ks = _behind_run(row_seconds=0.01, steps=STALE_FORWARDS + INCONSISTENT_FORWARDS)
+    assert min(ks[:STALE_FORWARDS]) > 0  # within the margin: drafting goes on
+    assert ks[STALE_FORWARDS] == 0  # then one plain step measures the plain price again
+    assert cost.target_seconds(4, 4) == pytest.approx(0.30, rel=0.01)
+    assert ks.count(0) == 1 and not cost.plain_is_behind(4)
+
+
+def test_a_drafting_step_priced_within_the_noise_below_plain_changes_nothing():
+    """One sequence of the Qwen pair on the EPYC VM: 4 tokens 91.0 ms, 1 token 89.5 ms, each forward
+    spread by ~10%. A drafting step priced a few percent below the plain step is noise: it neither
+    restarts either price nor sets off a plain step at INCONSISTENT_FORWARDS; with no margin it did."""
+    for margin, behind in ((INCONSISTENT_MARGIN, False), (0.0, True)):
+        cost = StepCostModel(QWEN_4_CLIENTS, inconsistent_margin=margin)
+        for _ in range(5):
+            cost.observe_target(1, 1, 0.0930)
+        for _ in range(INCONSISTENT_FORWARDS):
+            cost.observe_target(1, 5, 0.0900)  # 3% below plain
+        assert cost.plain_is_behind(1) == behind
+        cost.observe_target(1, 1, 0.0990)  # one slow plain step
+        # Restarted, the plain price is that step; smoothed, it moves a share of the way.
+        price = cost.target_seconds(1, 1)
+        assert price == pytest.approx(0.099, rel=0.005) if behind else 0.093 < price < 0.097
+
+
+def test_the_inconsistent_margin_is_checked():
+    for margin in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="inconsistent_margin"):
+            StepCostModel(QWEN_4_CLIENTS, inconsistent_margin=margin)
 
 
 def test_a_plain_price_above_newer_drafting_steps_restarts_on_its_next_measurement():

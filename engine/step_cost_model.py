@@ -73,12 +73,14 @@ INCONSISTENT_FORWARDS = 8
 # alone puts a step with a few draft rows below a plain one (Qwen pair at one sequence on the EPYC VM:
 # 4 tokens 91.0 ms, 1 token 89.5 ms, forwards of one size spread by sd(log) 0.08-0.12), and each such
 # reading restarted a price or cost a plain refreshing step. Simulated over 41 prompts' draft-agreement
-# traces with that noise (docs/bench/issue20-s44/refresh_tolerance_sim.py), no margin kept adaptive at
-# 0.961x / 0.967x of the best static K per category (benchmark / held-out prompts) with 8.5% / 6.2% of
-# its steps undrafted; 0.10 at 0.972x / 0.977x with 3.7% / 3.3%. The slow spell above (117 ms against
-# 89-102 ms, 13-24% apart) is still caught. A plain price above drafting's by less than the margin is
-# measured again once it is STALE_FORWARDS old, whatever drafting's margin: on its floor the draft
-# rows of a step priced 5% below it are priced at nothing.
+# traces with that noise (docs/bench/issue20-s45/margin_sim.py), no margin kept adaptive at 0.961x /
+# 0.967x of the best static K per category (benchmark / held-out prompts) with 8.5% / 6.2% of its
+# steps undrafted; 0.10 at 0.970x / 0.980x with 4.0% / 2.6%. On the machine, two engines taking the
+# same prompts in turn (margin_ab.py), 0.10 ran 1.012x / 1.016x as fast as no margin, 5.1% of its steps
+# undrafted against 8.8%. The slow spell above (117 ms against 89-102 ms, 13-24% apart) is still
+# caught. A plain price above drafting's by less than the margin is measured again once it is
+# STALE_FORWARDS old, whatever drafting's margin: on its floor the draft rows of a step priced 5%
+# below it are priced at nothing.
 INCONSISTENT_MARGIN = 0.10
 # The forwards a calibration's offset starts from (their median residual), and the plain decode steps a
 # batch size must have measured before drafting is weighed against their price: the first decode step
@@ -497,8 +499,9 @@ class StepCostModel:
         """Whether this batch size's plain price is above what the last step with draft rows is priced
         at by its own calibration, by more than `inconsistent_margin` and last measured
         INCONSISTENT_FORWARDS or more decode forwards of it ago, or by any amount and last measured
-        STALE_FORWARDS or more ago (steps with draft rows ran since): then the plain price is the stale one, and the
-        drafting steps' prices rest on the floor it sets (`target_seconds`), so their rows look free.
+        STALE_FORWARDS or more ago (steps with draft rows ran since): then the plain price is the
+        stale one, and the drafting steps' prices rest on the floor it sets (`target_seconds`), so
+        their rows look free.
         The last drafting step's own shape is compared, not one extrapolated along the profile: steps
         of eight rows priced right extrapolate to one row below a plain step that costs as much."""
         bucket = batch_bucket(num_sequences)

@@ -533,12 +533,13 @@ def test_a_plain_step_is_priced_along_the_batch_sizes_plain_steps_measured():
 
 def _stale_plain_price() -> StepCostModel:
     """Plain steps measured in a slow spell (0.40 s), then only steps with one draft row, at a faster
-    time (0.36 s): the plain steps' calibration is never refreshed while drafting goes on."""
+    time (0.34 s, below the plain price by more than INCONSISTENT_MARGIN): the plain steps'
+    calibration is never refreshed while drafting goes on."""
     cost = StepCostModel(QWEN_4_CLIENTS)
     for _ in range(5):
         cost.observe_target(4, 4, 0.40)
     for _ in range(20):
-        cost.observe_target(4, 5, 0.36)
+        cost.observe_target(4, 5, 0.34)
     return cost
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from specserve.engine import acceptance_model
 from specserve.engine.spec_controller import Candidate, SpeculationController
-from specserve.engine.step_cost_model import DraftCostProfile, StepCostModel
+from specserve.engine.step_cost_model import INCONSISTENT_MARGIN, DraftCostProfile, StepCostModel
 
 K_MAX = 8
 CURVE = [(1, 0.089), (4, 0.091), (6, 0.100), (9, 0.108), (16, 0.125), (64, 0.35), (512, 2.3)]
@@ -72,14 +72,19 @@ def adaptive_seconds(
     prompt_tokens: int,
     measure: Callable[[float], float] = exact,
     plain: list[int] | None = None,
+    phase_hint: bool = False,
 ) -> tuple[float, float]:
     """The request's time under the controller and its mean k. `measure` turns a modelled forward or
     draft time into the one the controller is shown (noise_sim.py: the machine's noise); the arm is
-    charged the modelled time. `plain`, when given, counts [steps that could draft, steps given none]."""
+    charged the modelled time. `plain`, when given, counts [steps that could draft, steps given none].
+    `phase_hint`: each proposal's class (Candidate.hint) is whether the request's last window was
+    accepted in full (issue20-s45/phase_hint_sim.py); otherwise no class."""
     t, seconds, missing, ks = 1, 0.0, prompt_tokens + 1, []
+    full = 0  # the last window with drafts was accepted in full
     while t < max_tokens:
         cap = min(K_MAX, max_tokens - t - 1)
-        cand = Candidate(rid, cap, False, None, (), False, missing, max_tokens - t)
+        hint = full if phase_hint else None
+        cand = Candidate(rid, cap, False, hint, (), False, missing, max_tokens - t)
         decision = ctl.choose([cand], 1, 1, 8192)
         k = decision.k.get(rid, 0)
         if plain is not None and cap > 0:
@@ -102,6 +107,8 @@ def adaptive_seconds(
         ctl.observe_verification(rid, k, acc, list(range(acc + 1)))
         seconds += step_seconds(k, setup)
         ks.append(k)
+        if k:
+            full = int(acc == k)
         # The draft's cache: after a window it lacks the bonus token (and the last draft when all
         # were accepted); without a window it falls one token further behind.
         missing = (2 if acc == k else 1) if k else missing + 1
@@ -110,8 +117,12 @@ def adaptive_seconds(
     return seconds, statistics.mean(ks)
 
 
-def make_controller(acceptance: acceptance_model.AcceptanceModel | None = None) -> SpeculationController:
-    cost = StepCostModel(CURVE, draft_profile=DraftCostProfile(((1, DRAFT_TOKEN_S),), CATCH_UP_TOKEN_S))
+def make_controller(
+    acceptance: acceptance_model.AcceptanceModel | None = None,
+    inconsistent_margin: float = INCONSISTENT_MARGIN,
+) -> SpeculationController:
+    profile = DraftCostProfile(((1, DRAFT_TOKEN_S),), CATCH_UP_TOKEN_S)
+    cost = StepCostModel(CURVE, draft_profile=profile, inconsistent_margin=inconsistent_margin)
     return SpeculationController(K_MAX, cost, acceptance)
 
 
@@ -124,6 +135,7 @@ def simulate(
     ctl: SpeculationController,
     measure: Callable[[float], float] = exact,
     plain: list[int] | None = None,
+    phase_hint: bool = False,
 ) -> tuple[Seconds, dict[str, list[float]]]:
     """Every arm's seconds per category, and adaptive's mean k per request by category."""
     by_cat: Seconds = defaultdict(lambda: defaultdict(float))
@@ -134,7 +146,7 @@ def simulate(
         cat["off"] += (max_tokens - 1) * step_seconds(0, 0)
         for k in range(1, K_MAX + 1):
             cat[f"k{k}"] += static_seconds(agree, max_tokens, k, n)
-        s, mk = adaptive_seconds(ctl, f"r{i}", agree, max_tokens, n, measure, plain)
+        s, mk = adaptive_seconds(ctl, f"r{i}", agree, max_tokens, n, measure, plain, phase_hint)
         cat["adaptive"] += s
         mean_k[tr["category"]].append(mk)
     return by_cat, mean_k

@@ -15,21 +15,12 @@ import statistics
 import sys
 from pathlib import Path
 
-from specserve.engine.spec_controller import SpeculationController
-from specserve.engine.step_cost_model import DraftCostProfile, StepCostModel
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "issue20-s44"))
 import policy_sim  # noqa: E402
 
 SEEDS = range(12)
 MARGINS = (0.0, 0.05, 0.10, 0.20)
 SETS = (["bench"], ["heldout-s44", "heldout-s36"])
-
-
-def controller(margin: float) -> SpeculationController:
-    profile = DraftCostProfile(((1, policy_sim.DRAFT_TOKEN_S),), policy_sim.CATCH_UP_TOKEN_S)
-    cost = StepCostModel(policy_sim.CURVE, draft_profile=profile, inconsistent_margin=margin)
-    return SpeculationController(policy_sim.K_MAX, cost)
 
 
 def mean_vs_oracle(
@@ -43,7 +34,11 @@ def mean_vs_oracle(
         return seconds * rng.lognormvariate(0.0, sigma)
 
     by_cat, _ = policy_sim.simulate(
-        policy_sim.load_traces(traces, sets), 48, controller(margin), noisy, plain
+        policy_sim.load_traces(traces, sets),
+        48,
+        policy_sim.make_controller(inconsistent_margin=margin),
+        noisy,
+        plain,
     )
     return policy_sim.mean_vs_oracle(by_cat)
 

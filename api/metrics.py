@@ -248,6 +248,13 @@ SERIES: tuple[Series, ...] = (
         lambda s: s.controller_steps,
     ),
     Series(
+        "specserve:spec_decode_controller_quiet_steps",
+        "counter",
+        "Of those, steps it drafted nothing without weighing (a quiet spell after a clear no)",
+        _SPEC,
+        lambda s: s.controller_quiet_steps,
+    ),
+    Series(
         "specserve:spec_decode_controller_predicted_tokens",
         "counter",
         "Tokens the controller expected its decoding requests to emit in those steps",

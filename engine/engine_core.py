@@ -277,6 +277,7 @@ class EngineCore:
             step_seconds=step_seconds,
             predicted_tokens=decision.predicted_tokens if decision is not None else None,
             predicted_seconds=decision.predicted_seconds if decision is not None else None,
+            quiet=decision is not None and decision.quiet,
         )
         self.stats.events.steps.append(record)
         if self.step_log is not None:
@@ -320,6 +321,7 @@ class EngineCore:
             self.controller.observe_step(num_seqs, drafted, controlled_tokens, step_seconds, decision.promise)
         spec = self.stats.spec
         spec.controller_steps += 1
+        spec.quiet_steps += decision.quiet
         spec.predicted_tokens += decision.predicted_tokens
         spec.predicted_step_seconds += predicted_step
         spec.measured_step_seconds += step_seconds

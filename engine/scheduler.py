@@ -132,15 +132,21 @@ class Scheduler:
         else:
             budget = self.config.max_num_batched_tokens
             base = min(budget, sum(r.num_tokens - r.num_computed_tokens for r in running))
-            candidates = [self._candidate(r, caps[r.request_id]) for r in running if r.in_decode]
             # The step is priced as it will run: with the waiting requests it admits after the plan.
             # Priced without them, at 32 Qwen-pair clients (AMD EPYC) a step planned for 18 sequences
             # caught up 17 drafts on 1,921 tokens and then ran 14 admitted prompts too: 23.8 s where
             # 9.9 s was predicted, at a batch size whose drafting had never been timed.
             admitted, prefill = self._admissions(len(running), budget - base)
-            out.speculation = self.controller.choose(
-                candidates, len(running) + admitted, base + prefill, budget - base
+            decoding = [r for r in running if r.in_decode]
+            # A step the controller knows the answer to needs no previews (quiet_decision).
+            out.speculation = self.controller.quiet_decision(
+                [r.request_id for r in decoding], len(running) + admitted, base + prefill
             )
+            if out.speculation is None:
+                candidates = [self._candidate(r, caps[r.request_id]) for r in decoding]
+                out.speculation = self.controller.choose(
+                    candidates, len(running) + admitted, base + prefill, budget - base
+                )
             plan = dict(out.speculation.k)
         # Tokens a grammar forces are free drafts (no proposer runs for them) that are accepted unless
         # the tokenizer allows another spelling: reserve slots for them whatever the controller chose.

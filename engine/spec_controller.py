@@ -25,6 +25,7 @@ adaptive ones around them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -57,6 +58,21 @@ REFRESH_MARGIN = 1.25
 # priced with and counted in is the bucket of the recent batch size (exponentially weighted, memory
 # ~1 / LOAD_ALPHA steps), or of this step's batch where that is larger.
 LOAD_ALPHA = 0.1
+# A decision that cannot come out differently is not weighed again: after a decode-only step decided
+# to draft nothing, probe nothing, with its best drafting plan under QUIET_HEADROOM of the bar, the
+# next QUIET_STEPS steps of the same requests at the same batch draft nothing without previews or
+# weighing (`quiet_decision`). Until a step drafts, the only new evidence is the last previews'
+# shadows, and a plan 5% short (7% below plain decode's goodput, with MIN_GAIN) does not close in a
+# few steps. Only where weighing costs QUIET_SHARE of a plain step or more: at 16 SmolLM2 clients
+# (AMD EPYC) the previews and `choose` took 0.54 ms of a 29 ms step (plus 0.1 ms of bookkeeping) and
+# the best drafting plan stood at 0.83-0.90 of the bar, while a Qwen-pair step of 200 ms or more
+# loses nothing worth a spell's delay to deciding every step. Previews still run on every decided
+# step, so a request's shadows keep coming (one step in QUIET_STEPS + 1 at worst).
+QUIET_HEADROOM = 0.95
+QUIET_STEPS = 3
+QUIET_SHARE = 0.005
+# Memory of the controller's own time per decision (exponentially weighted).
+DECIDE_ALPHA = 0.2
 
 
 # --- the decision ----------------------------------------------------------------------------------
@@ -109,6 +125,7 @@ class Decision:
     free: frozenset[str] = frozenset()  # requests whose drafts cost no draft steps (Preview.free)
     setup_tokens: int = 0  # catch-up tokens the drafting requests' proposals feed first
     static_drafts: bool = False  # some drafts were a static request's cap, not the controller's choice
+    quiet: bool = False  # nothing weighed: a quiet spell's step (SpeculationController.quiet_decision)
 
 
 @dataclass(frozen=True)
@@ -149,6 +166,17 @@ class _ProbeState:
 
 
 @dataclass
+class _QuietSpell:
+    """Steps that draft nothing without being weighed, after a decision that could not have gone
+    otherwise (QUIET_HEADROOM): for these requests, at this batch size, decode-only."""
+
+    request_ids: frozenset[str]
+    num_sequences: int
+    steps_left: int
+    counting: list[_ProbeState]  # probe states the decision counted a step without drafts for
+
+
+@dataclass
 class _Shadow:
     """A previewed proposal that was not drafted, judged against the tokens the request emits next.
 
@@ -166,7 +194,13 @@ class _Shadow:
 
 
 class SpeculationController:
-    def __init__(self, k_max: int, cost: StepCostModel, acceptance: AcceptanceModel | None = None):
+    def __init__(
+        self,
+        k_max: int,
+        cost: StepCostModel,
+        acceptance: AcceptanceModel | None = None,
+        quiet_share: float = QUIET_SHARE,
+    ):
         self.k_max = k_max
         self.cost = cost
         self.acceptance = acceptance or AcceptanceModel(k_max)
@@ -181,6 +215,11 @@ class SpeculationController:
         self._chosen: dict[str, tuple[list[float], bool]] = {}
         self.payback = CatchUpPayback()
         self._load: float | None = None  # recent batch size (LOAD_ALPHA)
+        self.quiet_share = quiet_share
+        self._decide_seconds: float | None = None  # what `choose` takes (DECIDE_ALPHA)
+        self._quiet: _QuietSpell | None = None
+        self._counting: list[_ProbeState] = []  # probe states the last `_probe` counted
+        self._savings_cap = 0.0  # the last `_probe`'s cap on the probe savings
 
     def choose(
         self,
@@ -192,12 +231,75 @@ class SpeculationController:
         """k per candidate for a step that also runs `base_tokens` tokens over `num_sequences`
         sequences (every decode request's last token and any prefill chunks), with at most
         `token_budget` draft tokens in all."""
-        k = {c.request_id: 0 for c in candidates}
+        start = time.perf_counter()
+        decision, headroom = self._decide(candidates, num_sequences, base_tokens, token_budget)
+        took = time.perf_counter() - start
+        self._decide_seconds = (
+            took
+            if self._decide_seconds is None
+            else self._decide_seconds + DECIDE_ALPHA * (took - self._decide_seconds)
+        )
+        quiet = (
+            headroom < QUIET_HEADROOM
+            and base_tokens == num_sequences == len(candidates)
+            and not decision.probed
+            and not any(decision.k.values())
+            and not any(c.static for c in candidates)
+            and self._decide_seconds
+            >= self.quiet_share * self.cost.step_seconds(num_sequences, num_sequences, 0, 0)
+        )
+        self._quiet = (
+            _QuietSpell(frozenset(decision.k), num_sequences, QUIET_STEPS, list(self._counting))
+            if quiet
+            else None
+        )
+        return decision
+
+    def quiet_decision(
+        self, request_ids: Sequence[str], num_sequences: int, base_tokens: int
+    ) -> Decision | None:
+        """No drafts for a decode-only step of the requests and batch of a quiet spell (QUIET_HEADROOM),
+        without previews or weighing; None where the step must be decided (`choose`). What a decided
+        step without drafts keeps up is kept up: the recent load, probe states' steps without drafts,
+        the probe savings, and the promise its time is judged against."""
+        spell = self._quiet
+        if (
+            spell is None
+            or spell.steps_left <= 0
+            or not (base_tokens == num_sequences == spell.num_sequences)
+            or frozenset(request_ids) != spell.request_ids
+        ):
+            return None
+        spell.steps_left -= 1
+        self._note_load(num_sequences)
+        self._hints, self._previewed, self._chosen = {}, {}, {}
+        for state in spell.counting:
+            state.steps_without_drafts += 1
+        seconds = self.cost.step_seconds(num_sequences, base_tokens, 0, 0, 0)
+        self._probe_savings = min(self._probe_savings + PROBE_BUDGET * seconds, self._savings_cap)
+        promise = Promise(float(num_sequences), seconds)
+        k = dict.fromkeys(request_ids, 0)
+        return Decision(k, promise.predicted_tokens(self._gain_factors()), seconds, promise, quiet=True)
+
+    def _note_load(self, num_sequences: int) -> None:
         self._load = (
             float(num_sequences)
             if self._load is None
             else self._load + LOAD_ALPHA * (num_sequences - self._load)
         )
+
+    def _decide(
+        self,
+        candidates: Sequence[Candidate],
+        num_sequences: int,
+        base_tokens: int,
+        token_budget: int,
+    ) -> tuple[Decision, float]:
+        """`choose`'s decision, and the best drafting plan's goodput over the bar it had to clear
+        (0 when there was nothing to draft)."""
+        k = {c.request_id: 0 for c in candidates}
+        self._note_load(num_sequences)
+        self._counting = []  # `_probe` counts them (a refreshing step does not probe)
         priors = {h: self.acceptance.global_rate(h) for h in {c.hint for c in candidates}}
         rates = {
             c.request_id: self.acceptance.rates(c.request_id, priors[c.hint], c.hint) for c in candidates
@@ -268,12 +370,16 @@ class SpeculationController:
             if c.setup_tokens >= SETUP_MIN_TOKENS and not c.static and c.request_id not in free
         }
 
+        # The best goodput any plan with drafts reached (QUIET_HEADROOM), over the plans weighed.
+        drafting_top = [0.0]
+
         def best_prefix(order: list[tuple[float, int, str]]) -> tuple[float, int]:
             """(goodput, length) of the best prefix of `order` within the token budget."""
             tokens, gain, steps, drafting, setup = fixed.tokens, fixed.gain, fixed.steps, fixed.drafting, 0.0
             drafting_adaptive: set[str] = set()
             expected: dict[str, float] = {}  # request id -> expected tokens of its slots so far
             best, best_n = goodput(tokens, drafting, steps, gain, setup), 0
+            top = 0.0
             for n, (p, j, rid) in enumerate(order, start=1):
                 if tokens >= budget:
                     break
@@ -291,8 +397,10 @@ class SpeculationController:
                         setup += catch_up.charge(expected[rid])
                         setup -= catch_up.charge(before) if before is not None else 0.0
                 g = goodput(tokens, drafting, steps, gain, setup)
+                top = max(top, g)
                 if g > best:
                     best, best_n = g, n
+            drafting_top[0] = max(drafting_top[0], top)
             return best, best_n
 
         no_adaptive_drafts = goodput(fixed.tokens, fixed.drafting, fixed.steps, fixed.gain, 0.0)
@@ -348,6 +456,7 @@ class SpeculationController:
                     ),
                     key=lambda b: b[0],
                 )
+        headroom = drafting_top[0] / bar if bar > 0 else 0.0  # before `could_pay` weighs certain drafts
         # A thin margin may rest on a stale plain price (StepCostModel.plain_is_stale), any margin on a
         # plain price never measured, and any on a plain price above the drafting steps' own
         # (StepCostModel.plain_is_behind): one step without drafts measures it. Only a step that is
@@ -417,7 +526,7 @@ class SpeculationController:
         promise = Promise(unscaled, seconds, (drafted[0], drafted[1]))
         static = any(c.static and k[c.request_id] > 0 for c in candidates)
         predicted = promise.predicted_tokens(factors)
-        return Decision(k, predicted, seconds, promise, probed, free, setup, static)
+        return Decision(k, predicted, seconds, promise, probed, free, setup, static), headroom
 
     def _catch_up(self, c: Candidate, num_sequences: int) -> _CatchUp:
         tokens_left: float = max(1, c.tokens_left or 1)
@@ -463,6 +572,7 @@ class SpeculationController:
         `could_pay` says would not be drafted at any acceptance stays due, unprobed, until they could
         (the batch shrinks, the machine's prices change)."""
         due: list[tuple[Candidate, _ProbeState]] = []
+        self._counting = []
         for c in candidates:
             state = self._probes.get(c.request_id)
             if state is None:
@@ -481,6 +591,7 @@ class SpeculationController:
                 state.interval = FIRST_PROBE_INTERVAL
                 continue
             state.steps_without_drafts += 1
+            self._counting.append(state)
             if state.steps_without_drafts >= state.interval:
                 due.append((c, state))
         num_tokens = base_tokens + sum(v for v in k.values() if v > 0)
@@ -495,6 +606,7 @@ class SpeculationController:
         dearest = max([price(c) for c, _ in due], default=0.0)
         cap = MAX_SAVED_PROBES * max(self.cost.probe_seconds(num_sequences, num_tokens), dearest)
         self._probe_savings = min(self._probe_savings + PROBE_BUDGET * step_seconds, cap)
+        self._savings_cap = cap
         due.sort(
             key=lambda d: (
                 self.acceptance.has_observations(d[0].request_id),

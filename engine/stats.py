@@ -44,6 +44,7 @@ class SpecDecodingStats:
     sum_k: int = 0
     # The adaptive controller's predictions against what happened, summed over the steps it decided.
     controller_steps: int = 0
+    quiet_steps: int = 0  # of which it drafted nothing without weighing (a quiet spell)
     predicted_tokens: float = 0.0
     measured_tokens: int = 0
     predicted_step_seconds: float = 0.0  # the cost model's price of each step as it ran
@@ -119,6 +120,7 @@ class StepRecord:
     step_seconds: float
     predicted_tokens: float | None = None  # the controller's expectation (None: it did not decide)
     predicted_seconds: float | None = None
+    quiet: bool = False  # the controller drafted nothing without weighing (a quiet spell)
 
 
 @dataclass
@@ -161,6 +163,7 @@ class EngineSnapshot:
     nonfinite_logits_requests: int = 0
     # the adaptive controller's predictions and what happened, over the steps it decided
     controller_steps: int = 0
+    controller_quiet_steps: int = 0
     controller_predicted_tokens: float = 0.0
     controller_measured_tokens: int = 0
     controller_predicted_step_seconds: float = 0.0
@@ -245,6 +248,7 @@ class EngineStats:
             request_success=dict(self.request_success),
             nonfinite_logits_requests=self.nonfinite_logits_requests,
             controller_steps=spec.controller_steps,
+            controller_quiet_steps=spec.quiet_steps,
             controller_predicted_tokens=spec.predicted_tokens,
             controller_measured_tokens=spec.measured_tokens,
             controller_predicted_step_seconds=spec.predicted_step_seconds,

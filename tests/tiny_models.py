@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -188,9 +189,12 @@ def sloped_step_cost(slope: float = 0.1):
     return SlopedStepCost([(1, 1.0), (1024, 1.0 + slope * 1023)], draft_cost_ratio=0.0)
 
 
-def make_adaptive_llm(model_dir: Path, slope: float = 0.1, **kwargs):
-    """make_llm with the adaptive policy deciding on `sloped_step_cost` (deterministic k choices)."""
+def make_adaptive_llm(model_dir: Path, slope: float = 0.1, quiet_share: float = math.inf, **kwargs):
+    """make_llm with the adaptive policy deciding on `sloped_step_cost` (deterministic k choices).
+    Quiet spells (SpeculationController.quiet_decision) start where the controller's own time is a
+    share of a step, which is this machine's timing: off unless a test asks for them (0.0: always)."""
     llm = make_llm(model_dir, speculative_policy="adaptive", **kwargs)
     assert llm.engine.controller is not None, "no proposer, so no controller"
     llm.engine.controller.cost = sloped_step_cost(slope)
+    llm.engine.controller.quiet_share = quiet_share
     return llm

@@ -252,6 +252,21 @@ def test_controller_predictions_are_exported(tiny_llama_dir):
     assert value(m, "specserve:spec_decode_controller_predicted_step_seconds_total") > 0
 
 
+def test_quiet_steps_are_exported(tiny_llama_dir):
+    """Drafting too dear to pay and deciding worth saving: the controller's quiet steps are counted."""
+    llm = make_adaptive_llm(
+        tiny_llama_dir, slope=1.0, quiet_share=0.0, speculative_method="ngram", num_speculative_tokens=K
+    )
+    exporter = MetricsExporter(MODEL, llm.engine.snapshot())
+    llm.generate(mixed_prompts(4, seed=5), SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    exporter.update(llm.engine.snapshot())
+    m = parse(exporter.render())
+    spec = llm.engine.stats.spec
+    quiet = value(m, "specserve:spec_decode_controller_quiet_steps_total")
+    assert quiet == spec.quiet_steps > 0
+    assert quiet < value(m, "specserve:spec_decode_controller_steps_total")
+
+
 def test_gauges_after_the_run(run):
     llm, _, _, _, m, _ = run
     assert value(m, "specserve:num_requests_running") == 0

@@ -22,6 +22,7 @@ from specserve.engine.spec_controller import (
     MAX_SAVED_PROBES,
     MIN_GAIN,
     PROBE_BUDGET,
+    QUIET_STEPS,
     Candidate,
     Decision,
     Preview,
@@ -1363,6 +1364,97 @@ def test_draft_step_cost_is_the_median_of_recent_steps():
     assert cost.draft_seconds(1, 1) == pytest.approx(0.08)
 
 
+# --- quiet spells ----------------------------------------------------------------------------------
+def _quiet_controller(rate: float, quiet_share: float = 0.0) -> SpeculationController:
+    """A row costs half a step and every draft is accepted at `rate`; by default deciding counts as
+    dear as any step, so a quiet spell follows every clear no (QUIET_HEADROOM)."""
+    return SpeculationController(
+        K_MAX, FrozenCost(HALF), FrozenAcceptance(K_MAX, rate), quiet_share=quiet_share
+    )
+
+
+def _decide(ctrl: SpeculationController, ids: list[str]) -> Decision:
+    """A decode-only step of `ids` as the scheduler decides it: a quiet spell's, else weighed."""
+    quiet = ctrl.quiet_decision(ids, len(ids), len(ids))
+    return quiet or ctrl.choose([Candidate(r, K_MAX) for r in ids], len(ids), len(ids), 2048)
+
+
+def test_a_clear_no_is_not_weighed_again_for_a_few_steps():
+    """Two requests whose drafts are accepted 0.3 of the time: a draft row promises 0.85 of the bar,
+    so the next QUIET_STEPS steps of the same requests draft nothing without being weighed, each
+    predicted as the plain step it is; then the step is weighed again."""
+    ctrl = _quiet_controller(0.3)
+    ids = ["a", "b"]
+    for rid in ids:
+        ctrl.observe_verification(rid, 1, 0)  # verified once: not due for a first probe
+    weighed = ctrl.choose([Candidate(r, K_MAX) for r in ids], 2, 2, 2048)
+    assert weighed.k == {"a": 0, "b": 0} and not weighed.probed and not weighed.quiet
+    # Not this spell's step: other requests, a request admitted, a prefill chunk, another batch.
+    assert ctrl.quiet_decision(["a", "c"], 2, 2) is None
+    assert ctrl.quiet_decision(["a"], 1, 1) is None
+    assert ctrl.quiet_decision(ids, 3, 3) is None
+    assert ctrl.quiet_decision(ids, 2, 9) is None
+    for _ in range(QUIET_STEPS):
+        quiet = ctrl.quiet_decision(ids, 2, 2)
+        assert quiet is not None and quiet.quiet
+        assert quiet.k == {"a": 0, "b": 0} and not quiet.probed
+        assert quiet.predicted_seconds == pytest.approx(ctrl.cost.step_seconds(2, 2, 0, 0))
+        assert quiet.predicted_tokens == pytest.approx(2.0)
+    assert ctrl.quiet_decision(ids, 2, 2) is None  # the spell is over: weighed again
+    assert not ctrl.choose([Candidate(r, K_MAX) for r in ids], 2, 2, 2048).quiet
+    assert ctrl.quiet_decision(ids, 2, 2) is not None  # and a new spell starts
+
+
+@pytest.mark.parametrize(
+    ("rate", "quiet_share", "static", "spell"),
+    [
+        (0.3, 0.0, False, True),  # 0.85 of the bar: a clear no
+        (0.5, 0.0, False, False),  # a draft promises 0.98 of the bar: within QUIET_HEADROOM
+        (0.9, 0.0, False, False),  # drafting pays
+        (0.3, math.inf, False, False),  # deciding costs no share of a step worth saving
+        (0.3, 0.0, True, False),  # a static request's drafts are its cap, every step
+    ],
+)
+def test_a_quiet_spell_follows_only_a_clear_no_where_deciding_costs(rate, quiet_share, static, spell):
+    ctrl = _quiet_controller(rate, quiet_share)
+    ctrl.observe_verification("a", 1, 0)
+    weighed = ctrl.choose([Candidate("a", K_MAX)], 1, 1, 2048)
+    assert (weighed.k["a"] > 0) == (rate == 0.9)
+    if static:
+        weighed = ctrl.choose([Candidate("a", 0, static=True)], 1, 1, 2048)
+    assert (ctrl.quiet_decision(["a"], 1, 1) is not None) == spell
+
+
+def test_probes_keep_their_schedule_and_budget_through_quiet_spells():
+    """Eight requests whose drafts are never accepted, as in test_probes_cost_at_most_their_budget:
+    with quiet spells the steps between a request's probes are still counted, and its savings still
+    saved, so the probes come as often (each at most QUIET_STEPS steps late, when the step that finds
+    it due is a quiet one) and cost at most their budget."""
+    runs = {}
+    for quiet_share in (math.inf, 0.0):
+        ctrl = controller(HALF)
+        ctrl.quiet_share = quiet_share
+        teach(ctrl, "seed", 0.0)
+        ids = [f"r{i}" for i in range(8)]
+        probed, quiet, total, probe_seconds = [], 0, 0.0, 0.0
+        for step in range(400):
+            d = _decide(ctrl, ids)
+            quiet += d.quiet
+            for rid in d.probed:
+                ctrl.observe_verification(rid, 1, 0)
+                probed.append((step, rid))
+            total += d.predicted_seconds
+            probe_seconds += d.predicted_seconds - ctrl.cost.step_seconds(8, 8, 0, 0)
+        slack = MAX_SAVED_PROBES * ctrl.cost.probe_seconds(8, 8)
+        assert probe_seconds <= PROBE_BUDGET * total + slack
+        runs[quiet_share] = (probed, quiet)
+    (every, none_quiet), (spelled, quiet) = runs[math.inf], runs[0.0]
+    assert none_quiet == 0 and quiet > 200
+    assert len(every) >= 3 and len(spelled) == len(every)
+    for (a, first), (b, second) in zip(every, spelled, strict=True):
+        assert first == second and 0 <= b - a <= QUIET_STEPS
+
+
 # --- through the scheduler -------------------------------------------------------------------------
 def _scheduler_with(ctrl, k=K_MAX):
     kv = KVCacheManager(num_blocks=64, block_size=4, enable_prefix_caching=False)
@@ -1671,6 +1763,45 @@ def test_an_adaptive_server_learns_undrafted_previews(tiny_llama_dir):
     outs = llm.generate(prompts, greedy, use_chat_template=False)
     assert [o.token_ids for o in outs] == want
     assert sum(o.spec.num_draft_tokens for o in outs) == 0
+    acceptance = llm.engine.controller.acceptance
+    initial = acceptance.global_rates(hint=-1)
+    assert [h for h in range(1, 5) if acceptance.global_rates(hint=h) != initial]
+
+
+def test_quiet_spells_in_an_engine_are_plain_greedy_and_counted(tiny_llama_dir):
+    """A token costs a whole step, so the n-gram drafts of this model fall short of the bar, and
+    deciding is always worth saving: some decode steps are a quiet spell's (no previews, nothing
+    weighed), outputs equal plain greedy, the previews of the weighed steps still teach the n-gram
+    classes, and the engine counts its quiet steps (stats, step records)."""
+    from tiny_models import make_adaptive_llm, make_llm, mixed_prompts
+
+    greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    prompts = mixed_prompts(8, seed=11)
+    want = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, greedy, use_chat_template=False)]
+    llm = make_adaptive_llm(
+        tiny_llama_dir, slope=1.0, quiet_share=0.0, speculative_method="ngram", num_speculative_tokens=4
+    )
+    asked: list[int] = []
+    preview = llm.engine.scheduler.preview
+    assert preview is not None
+
+    def counted_preview(request, max_drafts):
+        asked.append(llm.engine.stats.spec.controller_steps)
+        return preview(request, max_drafts)
+
+    llm.engine.scheduler.preview = counted_preview
+    outs = llm.generate(prompts, greedy, use_chat_template=False)
+    assert [o.token_ids for o in outs] == want
+    stats = llm.engine.stats
+    quiet = [s for s in stats.events.steps if s.quiet]
+    assert len(quiet) == stats.spec.quiet_steps > 0
+    assert all(s.drafting == 0 and s.prefill_tokens == 0 for s in quiet)
+    decided_before = 0  # the controller's steps before each step: what a preview in it recorded
+    for step in stats.events.steps:
+        if step.quiet:
+            assert decided_before not in asked  # no previews in a quiet step
+        decided_before += step.predicted_tokens is not None
+    assert decided_before == stats.spec.controller_steps
     acceptance = llm.engine.controller.acceptance
     initial = acceptance.global_rates(hint=-1)
     assert [h for h in range(1, 5) if acceptance.global_rates(hint=h) != initial]

@@ -137,16 +137,11 @@ class Scheduler:
             # caught up 17 drafts on 1,921 tokens and then ran 14 admitted prompts too: 23.8 s where
             # 9.9 s was predicted, at a batch size whose drafting had never been timed.
             admitted, prefill = self._admissions(len(running), budget - base)
-            decoding = [r for r in running if r.in_decode]
-            # A step the controller knows the answer to needs no previews (quiet_decision).
+            candidates = [self._candidate(r, caps[r.request_id]) for r in running if r.in_decode]
+            # A step whose answer the controller already knows is not weighed (quiet_decision).
             out.speculation = self.controller.quiet_decision(
-                [r.request_id for r in decoding], len(running) + admitted, base + prefill
-            )
-            if out.speculation is None:
-                candidates = [self._candidate(r, caps[r.request_id]) for r in decoding]
-                out.speculation = self.controller.choose(
-                    candidates, len(running) + admitted, base + prefill, budget - base
-                )
+                candidates, len(running) + admitted, base + prefill
+            ) or self.controller.choose(candidates, len(running) + admitted, base + prefill, budget - base)
             plan = dict(out.speculation.k)
         # Tokens a grammar forces are free drafts (no proposer runs for them) that are accepted unless
         # the tokenizer allows another spelling: reserve slots for them whatever the controller chose.

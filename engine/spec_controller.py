@@ -60,14 +60,16 @@ REFRESH_MARGIN = 1.25
 LOAD_ALPHA = 0.1
 # A decision that cannot come out differently is not weighed again: after a decode-only step decided
 # to draft nothing, probe nothing, with its best drafting plan under QUIET_HEADROOM of the bar, the
-# next QUIET_STEPS steps of the same requests at the same batch draft nothing without previews or
-# weighing (`quiet_decision`). Until a step drafts, the only new evidence is the last previews'
-# shadows, and a plan 5% short (7% below plain decode's goodput, with MIN_GAIN) does not close in a
-# few steps. Only where weighing costs QUIET_SHARE of a plain step or more: at 16 SmolLM2 clients
-# (AMD EPYC) the previews and `choose` took 0.54 ms of a 29 ms step (plus 0.1 ms of bookkeeping) and
-# the best drafting plan stood at 0.83-0.90 of the bar, while a Qwen-pair step of 200 ms or more
-# loses nothing worth a spell's delay to deciding every step. Previews still run on every decided
-# step, so a request's shadows keep coming (one step in QUIET_STEPS + 1 at worst).
+# next QUIET_STEPS steps of the same requests at the same batch draft nothing without being weighed
+# (`quiet_decision`), as long as their previews bring no proposal that promises more than the best
+# one of its kind the decision weighed (a longer n-gram match, a match where none was weighed) and no
+# probe the savings pay for falls due. Previews still run, so undrafted proposals keep teaching their
+# acceptance (_Shadow). What is left to change is that acceptance and the prices, and a plan 5% short
+# (7% below plain decode's goodput, with MIN_GAIN) does not close in a few steps. Only where weighing costs QUIET_SHARE of a plain step or more: at 16
+# SmolLM2 clients (AMD EPYC) `choose` took 0.33 ms of a 29 ms step with its best drafting plan at
+# 0.83-0.90 of the bar, while a Qwen-pair step of 100 ms or more loses nothing worth a delay to it.
+# Weighed again on a new proposal: skipping previews as well made one SmolLM2 client 0.96x as fast
+# in one process, its lookups' new matches waiting out the spell (accepted drafts 313 against 396).
 QUIET_HEADROOM = 0.95
 QUIET_STEPS = 3
 QUIET_SHARE = 0.005
@@ -168,12 +170,15 @@ class _ProbeState:
 @dataclass
 class _QuietSpell:
     """Steps that draft nothing without being weighed, after a decision that could not have gone
-    otherwise (QUIET_HEADROOM): for these requests, at this batch size, decode-only."""
+    otherwise (QUIET_HEADROOM): for these requests, at this batch size, while their proposals promise
+    no more than the best one that decision weighed."""
 
-    request_ids: frozenset[str]
+    proposals: dict[str, tuple[int | None, int, bool]]  # request id -> (class, cap, free) weighed
+    # The most tokens a proposal weighed was expected to emit, by kind (free or not; 1 for a kind
+    # none was of: a free proposal costs less than a draft model's of the same promise).
+    best_expected: dict[bool, float]
     num_sequences: int
     steps_left: int
-    counting: list[_ProbeState]  # probe states the decision counted a step without drafts for
 
 
 @dataclass
@@ -218,7 +223,6 @@ class SpeculationController:
         self.quiet_share = quiet_share
         self._decide_seconds: float | None = None  # what `choose` takes (DECIDE_ALPHA)
         self._quiet: _QuietSpell | None = None
-        self._counting: list[_ProbeState] = []  # probe states the last `_probe` counted
         self._savings_cap = 0.0  # the last `_probe`'s cap on the probe savings
 
     def choose(
@@ -248,37 +252,71 @@ class SpeculationController:
             and self._decide_seconds
             >= self.quiet_share * self.cost.step_seconds(num_sequences, num_sequences, 0, 0)
         )
-        self._quiet = (
-            _QuietSpell(frozenset(decision.k), num_sequences, QUIET_STEPS, list(self._counting))
-            if quiet
-            else None
-        )
+        self._quiet = None
+        if quiet:
+            proposals = {c.request_id: (c.hint, c.cap, c.free) for c in candidates}
+            best: dict[bool, float] = {}
+            for c in candidates:
+                if c.cap > 0:
+                    best[c.free] = max(best.get(c.free, 1.0), self._expected(c))
+            self._quiet = _QuietSpell(proposals, best, num_sequences, QUIET_STEPS)
         return decision
 
+    def _expected(self, c: Candidate) -> float:
+        """Tokens a verification of the candidate's proposal is expected to emit, drafted in full."""
+        if c.cap <= 0:
+            return 1.0
+        return expected_tokens(self.acceptance.rates(c.request_id, None, c.hint), min(c.cap, self.k_max))
+
     def quiet_decision(
-        self, request_ids: Sequence[str], num_sequences: int, base_tokens: int
+        self, candidates: Sequence[Candidate], num_sequences: int, base_tokens: int
     ) -> Decision | None:
-        """No drafts for a decode-only step of the requests and batch of a quiet spell (QUIET_HEADROOM),
-        without previews or weighing; None where the step must be decided (`choose`). What a decided
-        step without drafts keeps up is kept up: the recent load, probe states' steps without drafts,
-        the probe savings, and the promise its time is judged against."""
+        """No drafts, without weighing, for a decode-only step of a quiet spell's requests and batch
+        (QUIET_HEADROOM) whose proposals are those its decision weighed or promise no more than the
+        best of them; None where the step must be weighed (`choose`). What a weighed step without
+        drafts keeps up is kept up: the recent load, the previews to judge, probe states' steps
+        without drafts, the probe savings, and the promise its time is judged against."""
         spell = self._quiet
         if (
             spell is None
             or spell.steps_left <= 0
-            or not (base_tokens == num_sequences == spell.num_sequences)
-            or frozenset(request_ids) != spell.request_ids
+            or not (base_tokens == num_sequences == spell.num_sequences == len(candidates))
         ):
             return None
-        spell.steps_left -= 1
-        self._note_load(num_sequences)
-        self._hints, self._previewed, self._chosen = {}, {}, {}
-        for state in spell.counting:
-            state.steps_without_drafts += 1
+        for c in candidates:
+            weighed = spell.proposals.get(c.request_id)
+            if weighed is None or c.static:
+                return None
+            changed = c.cap > 0 and (c.hint != weighed[0] or c.cap > weighed[1] or c.free != weighed[2])
+            # A proposal the decision did not weigh (a new n-gram match, a longer one): weighed, unless
+            # it promises no more than the best one of its kind that did not pay.
+            if changed and self._expected(c) > spell.best_expected.get(c.free, 1.0):
+                return None
+        previewed = {c.request_id: c.drafts[: c.cap] for c in candidates if c.cap > 0 and c.drafts}
+        counted = [
+            (c, self._probes[c.request_id])
+            for c in candidates
+            if c.cap > 0 and c.request_id not in previewed and c.request_id in self._probes
+        ]
         seconds = self.cost.step_seconds(num_sequences, base_tokens, 0, 0, 0)
-        self._probe_savings = min(self._probe_savings + PROBE_BUDGET * seconds, self._savings_cap)
+        savings = min(self._probe_savings + PROBE_BUDGET * seconds, self._savings_cap)
+        for c, state in counted:
+            due = state.steps_without_drafts + 1 >= state.interval
+            if (
+                due
+                and self.cost.probe_seconds(num_sequences, base_tokens, 0 if c.free else c.setup_tokens)
+                <= savings
+            ):
+                return None  # a probe the savings pay for is due: `_probe` decides it
+        spell.steps_left -= 1
+        for _, state in counted:
+            state.steps_without_drafts += 1
+        self._note_load(num_sequences)
+        self._hints = {c.request_id: c.hint for c in candidates}
+        self._previewed, self._chosen = previewed, {}
+        self._probe_savings = savings
         promise = Promise(float(num_sequences), seconds)
-        k = dict.fromkeys(request_ids, 0)
+        k = {c.request_id: 0 for c in candidates}
         return Decision(k, promise.predicted_tokens(self._gain_factors()), seconds, promise, quiet=True)
 
     def _note_load(self, num_sequences: int) -> None:
@@ -299,7 +337,6 @@ class SpeculationController:
         (0 when there was nothing to draft)."""
         k = {c.request_id: 0 for c in candidates}
         self._note_load(num_sequences)
-        self._counting = []  # `_probe` counts them (a refreshing step does not probe)
         priors = {h: self.acceptance.global_rate(h) for h in {c.hint for c in candidates}}
         rates = {
             c.request_id: self.acceptance.rates(c.request_id, priors[c.hint], c.hint) for c in candidates
@@ -572,7 +609,6 @@ class SpeculationController:
         `could_pay` says would not be drafted at any acceptance stays due, unprobed, until they could
         (the batch shrinks, the machine's prices change)."""
         due: list[tuple[Candidate, _ProbeState]] = []
-        self._counting = []
         for c in candidates:
             state = self._probes.get(c.request_id)
             if state is None:
@@ -591,7 +627,6 @@ class SpeculationController:
                 state.interval = FIRST_PROBE_INTERVAL
                 continue
             state.steps_without_drafts += 1
-            self._counting.append(state)
             if state.steps_without_drafts >= state.interval:
                 due.append((c, state))
         num_tokens = base_tokens + sum(v for v in k.values() if v > 0)

@@ -65,11 +65,12 @@ LOAD_ALPHA = 0.1
 # one of its kind the decision weighed (a longer n-gram match, a match where none was weighed) and no
 # probe the savings pay for falls due. Previews still run, so undrafted proposals keep teaching their
 # acceptance (_Shadow). What is left to change is that acceptance and the prices, and a plan 5% short
-# (7% below plain decode's goodput, with MIN_GAIN) does not close in a few steps. Only where weighing costs QUIET_SHARE of a plain step or more: at 16
-# SmolLM2 clients (AMD EPYC) `choose` took 0.33 ms of a 29 ms step with its best drafting plan at
-# 0.83-0.90 of the bar, while a Qwen-pair step of 100 ms or more loses nothing worth a delay to it.
-# Weighed again on a new proposal: skipping previews as well made one SmolLM2 client 0.96x as fast
-# in one process, its lookups' new matches waiting out the spell (accepted drafts 313 against 396).
+# (7% below plain decode's goodput, with MIN_GAIN) does not close in a few steps. Only where weighing
+# costs QUIET_SHARE of a plain step or more: at 16 SmolLM2 sequences in one process (AMD EPYC)
+# `choose` took 0.33 ms of a 29 ms step, its best drafting plan at 0.84-0.90 of the bar, while a
+# Qwen-pair step of 100 ms or more has nothing worth a delay to save. Previews run in quiet steps
+# because a step without any proposal starts a spell too: skipping them made one SmolLM2 request at a
+# time 0.950x as fast, its lookups' next matches waiting out the spell (docs/bench/issue20-s46).
 QUIET_HEADROOM = 0.95
 QUIET_STEPS = 3
 QUIET_SHARE = 0.005

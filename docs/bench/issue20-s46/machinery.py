@@ -8,7 +8,8 @@ adaptive as built; adaptive weighing every step (the controller's quiet_share se
 spell starts). Each decode-only step with 12 or more sequences is timed in parts: the scheduler's
 speculation plan (the previews, then `choose` or, in a quiet step, `quiet_decision`), `choose` alone,
 the proposer, the forward, and the rest of the step. Means and medians over those steps; the adaptive
-arms' tokens are checked equal.
+arms' tokens are checked equal. And the best drafting plan's goodput over the bar in the
+weigh-every-step arm's decisions at 12 or more sequences (what QUIET_HEADROOM is compared with).
 
     python machinery.py ROUNDS [--profile]
 """
@@ -62,6 +63,19 @@ def main() -> None:
     engine._propose = timed(parts, "propose", engine._propose)
     engine._forward = timed(parts, "forward", engine._forward)
     step = engine.step
+    # The best drafting plan's goodput over the bar (SpeculationController._decide's headroom), for the
+    # weigh-every-step arm's decisions at 12 or more sequences.
+    headrooms: list[float] = []
+    arm_now = [""]
+    decide = controller._decide
+
+    def recorded_decide(candidates: Any, num_sequences: int, *args: Any) -> Any:
+        decision, headroom = decide(candidates, num_sequences, *args)
+        if arm_now[0] == "weigh-every-step" and num_sequences >= 12:
+            headrooms.append(headroom)
+        return decision, headroom
+
+    controller._decide = recorded_decide  # type: ignore[method-assign]
     per_arm: dict[str, dict[str, list[float]]] = {arm: defaultdict(list) for arm in ARMS}
     quiet_steps: dict[str, int] = defaultdict(int)
     tokens: dict[str, list[list[int]]] = {}
@@ -94,6 +108,7 @@ def main() -> None:
             )
             controller.quiet_share = math.inf if arm == "weigh-every-step" else QUIET_SHARE
             engine.step = measured_step(arm)  # type: ignore[method-assign]
+            arm_now[0] = arm
             if profiler is not None and arm == "adaptive":
                 profiler.enable()
             got = [o.token_ids for o in llm.generate(prompts, params)]
@@ -110,6 +125,12 @@ def main() -> None:
             f"{1000 * statistics.mean(rec[n]):7.3f} ({1000 * statistics.median(rec[n]):5.3f})" for n in PARTS
         )
         print(f"{arm:18s} {len(rec['step']):5d} {quiet_steps[arm]:5d} {cols}")
+    cuts = statistics.quantiles(headrooms, n=10)
+    print(
+        f"best drafting plan / bar, weigh-every-step decisions at 12+ sequences ({len(headrooms)}):"
+        f" min {min(headrooms):.3f}, 10% {cuts[0]:.3f}, median {statistics.median(headrooms):.3f},"
+        f" 90% {cuts[-1]:.3f}, max {max(headrooms):.3f}"
+    )
     if profiler is not None:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(
             r"spec_controller|scheduler|ngram|engine_core", 25

@@ -235,13 +235,17 @@ def test_chosen_k_histogram_counts_every_decode_step(run):
     assert value(m, name + "_bucket", le=f"{K - 1}.0") < decisions  # static K: mostly k = K
 
 
-def test_controller_predictions_are_exported(tiny_llama_dir):
-    llm = make_adaptive_llm(tiny_llama_dir, speculative_method="ngram", num_speculative_tokens=K)
+def _exported_after_a_run(llm):
+    """(the exported samples, the engine's spec stats) after four mixed prompts of 12 greedy tokens."""
     exporter = MetricsExporter(MODEL, llm.engine.snapshot())
     llm.generate(mixed_prompts(4, seed=5), SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
     exporter.update(llm.engine.snapshot())
-    m = parse(exporter.render())
-    spec = llm.engine.stats.spec
+    return parse(exporter.render()), llm.engine.stats.spec
+
+
+def test_controller_predictions_are_exported(tiny_llama_dir):
+    llm = make_adaptive_llm(tiny_llama_dir, speculative_method="ngram", num_speculative_tokens=K)
+    m, spec = _exported_after_a_run(llm)
     steps = value(m, "specserve:spec_decode_controller_steps_total")
     assert steps == spec.controller_steps > 0
     assert value(m, "specserve:spec_decode_controller_measured_tokens_total") == spec.measured_tokens > 0
@@ -257,11 +261,7 @@ def test_quiet_steps_are_exported(tiny_llama_dir):
     llm = make_adaptive_llm(
         tiny_llama_dir, slope=1.0, quiet_share=0.0, speculative_method="ngram", num_speculative_tokens=K
     )
-    exporter = MetricsExporter(MODEL, llm.engine.snapshot())
-    llm.generate(mixed_prompts(4, seed=5), SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
-    exporter.update(llm.engine.snapshot())
-    m = parse(exporter.render())
-    spec = llm.engine.stats.spec
+    m, spec = _exported_after_a_run(llm)
     quiet = value(m, "specserve:spec_decode_controller_quiet_steps_total")
     assert quiet == spec.quiet_steps > 0
     assert quiet < value(m, "specserve:spec_decode_controller_steps_total")

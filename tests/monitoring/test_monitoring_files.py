@@ -84,6 +84,7 @@ def test_dashboard_covers_the_issue(exported):
         "specserve:spec_decode_controller_measured_tokens_total",
         "specserve:spec_decode_controller_predicted_step_seconds_total",
         "specserve:spec_decode_controller_measured_step_seconds_total",
+        "specserve:spec_decode_controller_quiet_steps_total",
         "specserve:spec_decode_draft_seconds_total",
         "specserve:spec_decode_verify_seconds_total",
         "specserve:generation_tokens_total",

@@ -300,14 +300,10 @@ class SpeculationController:
             if c.cap > 0 and c.request_id not in previewed and c.request_id in self._probes
         ]
         seconds = self.cost.step_seconds(num_sequences, base_tokens, 0, 0, 0)
-        savings = min(self._probe_savings + PROBE_BUDGET * seconds, self._savings_cap)
+        savings = self._savings_after(seconds, self._savings_cap)
         for c, state in counted:
             due = state.steps_without_drafts + 1 >= state.interval
-            if (
-                due
-                and self.cost.probe_seconds(num_sequences, base_tokens, 0 if c.free else c.setup_tokens)
-                <= savings
-            ):
+            if due and self._probe_price(c, num_sequences, base_tokens, c.free) <= savings:
                 return None  # a probe the savings pay for is due: `_probe` decides it
         spell.steps_left -= 1
         for _, state in counted:
@@ -634,14 +630,13 @@ class SpeculationController:
         step_seconds = self.step_seconds(num_sequences, base_tokens, k, free)
 
         def price(c: Candidate) -> float:
-            setup = 0 if c.request_id in free else c.setup_tokens
-            return self.cost.probe_seconds(num_sequences, num_tokens, setup)
+            return self._probe_price(c, num_sequences, num_tokens, c.request_id in free)
 
         # Saved up to a few of the dearest due probe, so a probe with a long catch-up is bought now
         # and then; still at most PROBE_BUDGET of the time over all.
         dearest = max([price(c) for c, _ in due], default=0.0)
         cap = MAX_SAVED_PROBES * max(self.cost.probe_seconds(num_sequences, num_tokens), dearest)
-        self._probe_savings = min(self._probe_savings + PROBE_BUDGET * step_seconds, cap)
+        self._probe_savings = self._savings_after(step_seconds, cap)
         self._savings_cap = cap
         due.sort(
             key=lambda d: (
@@ -662,6 +657,15 @@ class SpeculationController:
             state.interval = min(2 * state.interval, MAX_PROBE_INTERVAL)
             probed.append(c.request_id)
         return probed
+
+    def _probe_price(self, c: Candidate, num_sequences: int, num_tokens: int, free: bool) -> float:
+        """A probe for the candidate in a step of `num_tokens` tokens: its verification row, and the
+        proposal's catch-up unless the proposal is free (a lookup)."""
+        return self.cost.probe_seconds(num_sequences, num_tokens, 0 if free else c.setup_tokens)
+
+    def _savings_after(self, step_seconds: float, cap: float) -> float:
+        """The probe savings once a step of `step_seconds` has added its PROBE_BUDGET share."""
+        return min(self._probe_savings + PROBE_BUDGET * step_seconds, cap)
 
     def required_gain(self, num_sequences: int) -> float:
         """How much more goodput drafting must promise than not drafting, at this batch size."""

@@ -4,8 +4,9 @@
 Why our own kernel: torch's bf16 nn.Linear on the CPU (oneDNN) reads a decode's weights well below the
 rate the machine streams them, and from a few rows on it adds the rows' arithmetic to that stream; ours
 takes 0.37-0.63x its time for 1-4 rows and 0.56-0.99x for 48 over SmolLM2's and the Qwen2.5 pair's
-layers (AMD EPYC, 2 threads; docs/bench/issue20-s39/results/bf16_rows.txt). Decodes and verification
-windows are those row counts; prefill chunks (many rows) keep oneDNN. It needs AVX512-BF16; elsewhere
+layers (AMD EPYC, 2 threads; docs/bench/issue20-s39/results/bf16_rows.txt). Decodes, verification
+windows and short prefill chunks (up to small_batch_linear.MAX_KERNEL_ROWS rows) take it; longer
+prefill chunks keep oneDNN. It needs AVX512-BF16; elsewhere
 (or with SPECSERVE_BF16_KERNEL=0, for A/B runs) every linear layer keeps torch's.
 """
 

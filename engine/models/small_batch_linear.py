@@ -1,5 +1,5 @@
-"""bf16 linear layers that send forwards of few rows (decodes, verification windows) to our kernel
-(engine/bf16_kernel.py) and the rest (prefill chunks) to torch's.
+"""bf16 linear layers that send forwards of few rows (decodes, verification windows, short prefill
+chunks) to our kernel (engine/bf16_kernel.py) and the rest (longer prefill chunks) to torch's.
 
 Not for `--batch-invariant`: there a row's result must not depend on how many rows share the call,
 and the two kernels round differently; that mode keeps torch's kernel for every row count
@@ -17,8 +17,11 @@ from .linear_swap import swap_linears
 
 # Whole forwards of SmolLM2 and Qwen2.5-Coder-1.5B of 1-48 rows ran 0.53-0.92x torch's time, layer
 # by layer 0.37-0.99x (AMD EPYC, 2 threads; docs/bench/issue20-s39/results/forward_rows.txt,
-# bf16_rows.txt); from 64 rows the two are level, and prefill chunks, many more rows, keep oneDNN.
-MAX_KERNEL_ROWS = 48
+# bf16_rows.txt). Ours stays ahead up to ~128 rows: a prompt's prefill step of 56-112 tokens took
+# 0.86-0.97x torch's time on SmolLM2 and of 56-128 tokens 0.82-0.95x on Qwen2.5-Coder-1.5B; from 144
+# rows the two are level, and from 192 torch's is ahead (SmolLM2 1.06-1.10x with ours;
+# docs/bench/issue20-s47/results/kernel_rows-*.txt). Longer prefill chunks keep oneDNN.
+MAX_KERNEL_ROWS = 128
 
 
 class SmallBatchLinear(nn.Linear):

@@ -16,6 +16,7 @@ from specserve.engine.builder import load_model
 from specserve.engine.config import ModelSpec
 from specserve.engine.decode_stack import DecodeStack, default_decode_stack_kernel, use_decode_stack
 from specserve.engine.int4_kernel import default_int4_kernel
+from specserve.engine.models.small_batch_linear import MAX_KERNEL_ROWS
 from specserve.engine.models.layers import bind_attention
 from specserve.engine.paged_decode_kernel import default_paged_decode
 from specserve.engine.runner import SequenceInput, forward_sequences
@@ -101,6 +102,7 @@ def test_steps_of_decodes_and_windows_are_the_modules_bit_for_bit(
         [(1, [4, 8, 15, 16], 4)],  # a verification window
         [(0, [11], 1), (2, [3, 4, 5, 6, 7, 8], 6), (3, [12, 13], 2)],  # decodes beside windows (grouped)
         [(2, list(range(20, 36)), 16)],  # a window of SMALL_QUERY_ROWS rows
+        [(i, list(range(40 + i, 56 + i)), 16) for i in range(4)],  # 64 rows of windows
     ]
     for step in steps:
         seqs = [SequenceInput(tokens, contexts[i], tables[i], outputs) for i, tokens, outputs in step]
@@ -117,7 +119,7 @@ def test_steps_of_decodes_and_windows_are_the_modules_bit_for_bit(
 def test_a_step_with_a_prefill_chunk_or_too_many_rows_runs_the_modules(qwen2_dir):
     model = _load(qwen2_dir, "bfloat16")
     stack = model.decode_stack
-    assert stack is not None and stack.max_rows == 48  # the bf16 kernel's rows (SmallBatchLinear)
+    assert stack is not None and stack.max_rows == MAX_KERNEL_ROWS  # the bf16 kernel's rows (SmallBatchLinear)
     (cache, _), tables = _twin_caches(model, [10, 10])
 
     def called(seqs) -> bool:  # whether the stack took the step
@@ -132,7 +134,8 @@ def test_a_step_with_a_prefill_chunk_or_too_many_rows_runs_the_modules(qwen2_dir
     assert not called(
         [SequenceInput([3], 10, tables[0], 1), SequenceInput(list(range(3, 30)), 10, tables[1], 1)]
     )
-    big = [SequenceInput(list(range(3, 16)), 10, tables[i % 2], 13) for i in range(4)]  # 52 rows > 48
+    windows = MAX_KERNEL_ROWS // 13 + 1  # windows of 13 rows, more rows than the kernel takes
+    big = [SequenceInput(list(range(3, 16)), 10, tables[i % 2], 13) for i in range(windows)]
     assert not called(big)
 
 

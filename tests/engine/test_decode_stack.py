@@ -16,8 +16,8 @@ from specserve.engine.builder import load_model
 from specserve.engine.config import ModelSpec
 from specserve.engine.decode_stack import DecodeStack, default_decode_stack_kernel, use_decode_stack
 from specserve.engine.int4_kernel import default_int4_kernel
-from specserve.engine.models.small_batch_linear import MAX_KERNEL_ROWS
 from specserve.engine.models.layers import bind_attention
+from specserve.engine.models.small_batch_linear import MAX_KERNEL_ROWS
 from specserve.engine.paged_decode_kernel import default_paged_decode
 from specserve.engine.runner import SequenceInput, forward_sequences
 from specserve.engine.sampling_params import SamplingParams

@@ -119,9 +119,8 @@ def test_steps_of_decodes_and_windows_are_the_modules_bit_for_bit(
 def test_a_step_with_a_prefill_chunk_or_too_many_rows_runs_the_modules(qwen2_dir):
     model = _load(qwen2_dir, "bfloat16")
     stack = model.decode_stack
-    assert (
-        stack is not None and stack.max_rows == MAX_KERNEL_ROWS
-    )  # the bf16 kernel's rows (SmallBatchLinear)
+    # The stack takes as many rows as the bf16 kernel does (SmallBatchLinear).
+    assert stack is not None and stack.max_rows == MAX_KERNEL_ROWS
     (cache, _), tables = _twin_caches(model, [10, 10])
 
     def called(seqs) -> bool:  # whether the stack took the step

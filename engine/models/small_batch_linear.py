@@ -18,9 +18,10 @@ from .linear_swap import swap_linears
 # Whole forwards of SmolLM2 and Qwen2.5-Coder-1.5B of 1-48 rows ran 0.53-0.92x torch's time, layer
 # by layer 0.37-0.99x (AMD EPYC, 2 threads; docs/bench/issue20-s39/results/forward_rows.txt,
 # bf16_rows.txt). Ours stays ahead up to ~128 rows: a prompt's prefill step of 56-112 tokens took
-# 0.86-0.97x torch's time on SmolLM2 and of 56-128 tokens 0.82-0.95x on Qwen2.5-Coder-1.5B; from 144
-# rows the two are level, and from 192 torch's is ahead (SmolLM2 1.06-1.10x with ours;
-# docs/bench/issue20-s47/results/kernel_rows-*.txt). Longer prefill chunks keep oneDNN.
+# 0.86-0.97x torch's time on SmolLM2 and of 56-128 tokens 0.82-0.95x on Qwen2.5-Coder-1.5B; with ours
+# for every row count, SmolLM2's 144-token prompt was level (1.005x) and from 160 tokens torch's was
+# ahead (1.025x, 1.057x at 192, 1.097x at 256; docs/bench/issue20-s47/results/kernel_rows-*.txt).
+# Longer prefill chunks keep oneDNN.
 MAX_KERNEL_ROWS = 128
 
 

@@ -12,7 +12,6 @@ steps, or prefill steps for the last set), and the ratios.
 
 from __future__ import annotations
 
-import ctypes
 import statistics
 import sys
 import tempfile
@@ -20,22 +19,15 @@ import time
 from pathlib import Path
 
 import torch
+from epilogue_layers import build  # this folder's: the earlier source's build
 from tqdm import tqdm
 
 from specserve.benchmarks.prompt_sets import CATEGORIES, load_prompts
 from specserve.engine.bf16_kernel import Bf16Kernel, default_bf16_kernel
-from specserve.engine.c_library import build_library, int_function
 from specserve.engine.decode_stack import default_decode_stack_kernel, use_decode_stack
 from specserve.engine.llm import LLM
 from specserve.engine.models.small_batch_linear import SmallBatchLinear
 from specserve.engine.sampling_params import SamplingParams
-
-
-def build(source: Path, cache: Path) -> Bf16Kernel:
-    target, library = build_library(source, cache)
-    arguments: list[type] = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    arguments += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-    return Bf16Kernel(path=target, function=int_function(library, "bf16_matmul", *arguments))
 
 
 def main() -> None:

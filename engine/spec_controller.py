@@ -258,8 +258,7 @@ class SpeculationController:
             proposals = {c.request_id: (c.hint, c.cap, c.free) for c in candidates}
             best: dict[bool, float] = {}
             for c in candidates:
-                if c.cap > 0:
-                    best[c.free] = max(best.get(c.free, 1.0), self._expected(c))
+                best[c.free] = max(best.get(c.free, 1.0), self._expected(c))
             self._quiet = _QuietSpell(proposals, best, num_sequences, QUIET_STEPS)
         return decision
 

@@ -33,7 +33,13 @@ REPEATS = 5
 # segment's slope and the online calibration per batch bucket corrects it with real step timings.
 ALWAYS_PROFILED = 16
 BUDGET_SECONDS = 5.0
-SLOW_POINT_SECONDS = 0.2  # a count this slow is timed once: noise is small next to it
+# A count this slow is timed twice, not REPEATS times: noise is small next to it. Not once: the first
+# timing of a count can be a spell of its own: on the AMD EPYC VM the Qwen pair's batch-1 profile put
+# 9 tokens at 301 ms against 80 ms for 8 (the policy bench of s47), where profiles taken one after
+# another put 9 at 101.5 ms and 10 at 98.6-103.9 (docs/bench/issue20-s48/results/profile_repeat.txt).
+# Timed once, the largest count has no larger one to lower it: a window of 8 drafts was priced ~3x
+# its forward.
+SLOW_POINT_SECONDS = 0.2
 
 
 def profile_points(max_tokens: int) -> list[int]:
@@ -82,13 +88,13 @@ def profile_forward_cost(
     small = [n for n in points if n <= ALWAYS_PROFILED]
     for round_no in range(REPEATS):
         for n in small if round_no % 2 == 0 else reversed(small):
-            if round_no == 0 or best[n] <= SLOW_POINT_SECONDS:
+            if round_no <= 1 or best[n] <= SLOW_POINT_SECONDS:
                 best[n] = min(best.get(n, float("inf")), timed(n))
     for n in points[len(small) :]:
         if time.perf_counter() - start > BUDGET_SECONDS:
             break
         best[n] = timed(n)
-        for _ in range(REPEATS - 1 if best[n] <= SLOW_POINT_SECONDS else 0):
+        for _ in range(REPEATS - 1 if best[n] <= SLOW_POINT_SECONDS else 1):
             best[n] = min(best[n], timed(n))
     curve = monotone(sorted(best.items()))
     logger.info(

@@ -44,15 +44,12 @@ class _Counts:
     def zeros(cls, n: int) -> _Counts:
         return cls([0.0] * n, [0.0] * n)
 
-    def fade(self, factor: float) -> None:
-        for j in range(len(self.hits)):
-            self.hits[j] *= factor
-            self.trials[j] *= factor
-
     def observe(self, num_drafts: int, num_accepted: int, decay: float) -> None:
         """Drafts 0..num_accepted-1 were accepted; draft num_accepted (if proposed) was rejected;
         later ones were never judged."""
-        self.fade(decay)
+        for j in range(len(self.hits)):
+            self.hits[j] *= decay
+            self.trials[j] *= decay
         for j in range(min(num_accepted + 1, num_drafts, len(self.hits))):
             self.trials[j] += 1.0
             if j < num_accepted:
@@ -113,14 +110,6 @@ class AcceptanceModel:
         self._global.setdefault(hint, _Counts.zeros(self.k_max)).observe(
             num_drafts, num_accepted, GLOBAL_DECAY
         )
-
-    def age(self, request_id: str, hint: int | None, factor: float) -> None:
-        """A step in which the request emitted a token without its proposal of class `hint` being
-        judged: its own counts of that class fade by `factor`, so an estimate that stopped its drafts
-        drifts back towards the class's global rate instead of standing until a probe."""
-        own = self._requests.get(request_id, {}).get(hint)
-        if own is not None:
-            own.fade(factor)
 
     def has_observations(self, request_id: str) -> bool:
         return request_id in self._requests

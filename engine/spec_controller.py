@@ -74,14 +74,6 @@ LOAD_ALPHA = 0.1
 QUIET_HEADROOM = 0.95
 QUIET_STEPS = 3
 QUIET_SHARE = 0.005
-# Per step in which a request's costly proposal (a draft model's) is neither drafted nor previewed, its
-# own acceptance counts fade by this factor (AcceptanceModel.age). Without it an estimate that stopped
-# the request's drafts stood until a probe, and probes are rationed (PROBE_BUDGET): at batch 1 the
-# Qwen pair's translation-3, whose draft misses the answer's 2nd and 3rd tokens and agrees with 0.73
-# of its first 48 (s44's agreement trace), drafted in 4 steps, none of it accepted, then in none of
-# the next 43 (0.97x of speculation off, static K = 5-8 1.58-1.85x in the same round; the policy
-# bench of s47, and alike in s45's).
-STALE_DECAY = 0.9
 # Memory of the controller's own time per decision (exponentially weighted).
 DECIDE_ALPHA = 0.2
 
@@ -321,16 +313,7 @@ class SpeculationController:
         self._probe_savings = savings
         promise = Promise(float(num_sequences), seconds)
         k = {c.request_id: 0 for c in candidates}
-        self._age_undrafted(candidates, k)
         return Decision(k, promise.predicted_tokens(self._gain_factors()), seconds, promise, quiet=True)
-
-    def _age_undrafted(self, candidates: Sequence[Candidate], k: dict[str, int]) -> None:
-        """The acceptance of a request's costly proposal that this step does not draft, nor judge
-        from a preview (_Shadow), fades by STALE_DECAY (AcceptanceModel.age)."""
-        for c in candidates:
-            undrafted = c.cap > 0 and not k.get(c.request_id)
-            if undrafted and not (c.static or c.free) and c.request_id not in self._previewed:
-                self.acceptance.age(c.request_id, c.hint, STALE_DECAY)
 
     def _note_load(self, num_sequences: int) -> None:
         self._load = (
@@ -557,7 +540,6 @@ class SpeculationController:
             return answers[key]
 
         probed = [] if refresh else self._probe(candidates, k, num_sequences, base_tokens, free, could_pay)
-        self._age_undrafted(candidates, k)
         for c in candidates:  # probes' catch-ups too: drafting may go on after them, for free
             caught_up = c.setup_tokens >= SETUP_MIN_TOKENS and c.request_id not in free
             if caught_up and k[c.request_id] > 0 and not c.static:

@@ -278,6 +278,9 @@ class EngineCore:
             predicted_tokens=decision.predicted_tokens if decision is not None else None,
             predicted_seconds=decision.predicted_seconds if decision is not None else None,
             quiet=decision is not None and decision.quiet,
+            headroom=decision.headroom if decision is not None else None,
+            required_gain=decision.required_gain if decision is not None else None,
+            gain_factor=decision.gain_factor if decision is not None else None,
         )
         self.stats.events.steps.append(record)
         if self.step_log is not None:

@@ -129,6 +129,14 @@ class Decision:
     setup_tokens: int = 0  # catch-up tokens the drafting requests' proposals feed first
     static_drafts: bool = False  # some drafts were a static request's cap, not the controller's choice
     quiet: bool = False  # nothing weighed: a quiet spell's step (SpeculationController.quiet_decision)
+    # Why it drafted what it did, for the step log (None in a quiet step): the best drafting plan's
+    # goodput over the bar it had to clear (>= 1: a plan paid; 0: nothing to draft), how much more
+    # than plain decode drafting had to promise at this batch (`required_gain`: MIN_GAIN x the
+    # realized-goodput guard), and what the costly proposals' chosen drafts delivered against their
+    # expectation (`GainCalibration.factor`, which scales that expectation).
+    headroom: float | None = None
+    required_gain: float | None = None
+    gain_factor: float | None = None
 
 
 @dataclass(frozen=True)
@@ -239,6 +247,9 @@ class SpeculationController:
         start = time.perf_counter()
         decision, headroom = self._decide(candidates, num_sequences, base_tokens, token_budget)
         took = time.perf_counter() - start
+        decision.headroom = headroom
+        decision.required_gain = self.required_gain(num_sequences)
+        decision.gain_factor = self._gain_factors()[0]
         self._decide_seconds = (
             took
             if self._decide_seconds is None

@@ -121,6 +121,11 @@ class StepRecord:
     predicted_tokens: float | None = None  # the controller's expectation (None: it did not decide)
     predicted_seconds: float | None = None
     quiet: bool = False  # the controller drafted nothing without weighing (a quiet spell)
+    # The decision's reasons (spec_controller.Decision; None where it did not weigh): its best drafting
+    # plan's goodput over the bar, the bar's factor over plain decode, the costly drafts' calibration.
+    headroom: float | None = None
+    required_gain: float | None = None
+    gain_factor: float | None = None
 
 
 @dataclass

@@ -80,6 +80,10 @@ def test_generate_appends_every_step_to_the_step_log(tiny_llama_dir, tmp_path):
     assert {"time", "drafting", "draft_tokens", "setup_tokens", "step_seconds", "predicted_seconds"} <= set(
         steps[0]
     )
+    # Every decode step the controller weighed says why it drafted what it did.
+    weighed = [s for s in steps if s["predicted_tokens"] is not None and not s["quiet"]]
+    assert weighed and all(s["required_gain"] >= 1.0 and 0.0 < s["gain_factor"] <= 1.0 for s in weighed)
+    assert all(s["headroom"] >= 0.0 for s in weighed)
 
 
 def test_env_vars_configure_flags(tiny_llama_dir):

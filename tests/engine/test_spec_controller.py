@@ -813,6 +813,23 @@ def test_chosen_drafts_that_deliver_less_than_expected_are_discounted():
     later = cursed.choose([Candidate("a", K_MAX)], num_sequences=1, base_tokens=1, token_budget=2048)
     assert later.k["a"] < first
     assert later.predicted_tokens < expected_tokens([0.9] * K_MAX, later.k["a"]) - 0.5
+    # The step log's view of the same: the calibration each decision scaled its drafts by.
+    assert later.gain_factor == cursed.gain_calibration[False].factor < 0.75
+    assert honest.choose([Candidate("a", K_MAX)], 1, 1, 2048).gain_factor == 1.0
+
+
+def test_a_decision_reports_its_headroom_over_the_bar_and_the_bar():
+    """What the step log records of a weighed decision: the best drafting plan's goodput over the bar
+    (>= 1 where it drafted, below 1 where nothing paid, 0 with nothing to draft) and the bar's factor."""
+    paying = SpeculationController(K_MAX, FrozenCost(FLAT), FrozenAcceptance(K_MAX, 0.9))
+    drafted = paying.choose([Candidate("a", K_MAX)], 1, 1, 2048)
+    assert drafted.k["a"] > 0 and drafted.headroom >= 1.0
+    assert drafted.required_gain == pytest.approx(MIN_GAIN)  # no drafting steps timed: no guard yet
+    losing = SpeculationController(K_MAX, FrozenCost(STEEP), FrozenAcceptance(K_MAX, 0.3))
+    undrafted = losing.choose([Candidate("a", K_MAX)], 1, 1, 2048)
+    assert not any(undrafted.k.values()) and 0.0 < undrafted.headroom < 1.0
+    nothing = paying.choose([Candidate("b", 0)], 1, 1, 2048)
+    assert nothing.headroom == 0.0
 
 
 def test_probes_and_static_caps_do_not_teach_the_gain_calibration():

@@ -324,7 +324,15 @@ class SpeculationController:
         self._probe_savings = savings
         promise = Promise(float(num_sequences), seconds)
         k = {c.request_id: 0 for c in candidates}
+        self._age_unchosen(candidates, set())
         return Decision(k, promise.predicted_tokens(self._gain_factors()), seconds, promise, quiet=True)
+
+    def _age_unchosen(self, candidates: Sequence[Candidate], chosen_kinds: set[bool]) -> None:
+        """A kind of proposal (costly, free) that adaptive requests had this step and none of which
+        was chosen: its gain calibration forgets a step's worth (GainCalibration.age)."""
+        weighed = {c.free for c in candidates if c.cap > 0 and not c.static}
+        for kind in weighed - chosen_kinds:
+            self.gain_calibration[kind].age()
 
     def _note_load(self, num_sequences: int) -> None:
         self._load = (
@@ -524,6 +532,7 @@ class SpeculationController:
             chosen[rid] = max(chosen.get(rid, 0), j + 1)
         k.update(chosen)
         self._chosen = {rid: (rates[rid], rid in free) for rid in chosen}
+        self._age_unchosen(candidates, {rid in free for rid in chosen})
 
         # A probe only refreshes an estimate, so it is worth its price only where some estimate could
         # make the optimiser draft for its request: if the plan drafted would not take the request's

@@ -832,6 +832,39 @@ def test_a_decision_reports_its_headroom_over_the_bar_and_the_bar():
     assert nothing.headroom == 0.0
 
 
+def _calibrated_run(ctrl: SpeculationController, steps: int, accepted_share: float) -> list[int]:
+    """`steps` decisions for one request whose drafts are accepted `accepted_share` of the time (all
+    or none); the steps whose drafts the optimiser chose (not probes)."""
+    chosen = []
+    for step in range(steps):
+        decision = ctrl.choose([Candidate("a", K_MAX)], num_sequences=1, base_tokens=1, token_budget=2048)
+        k = decision.k["a"]
+        if k and "a" not in decision.probed:
+            chosen.append(step)
+        if k:
+            ctrl.observe_verification("a", k, round(accepted_share * k))
+    return chosen
+
+
+def test_a_gain_calibration_that_stopped_drafting_forgets_and_drafting_is_tried_again():
+    """A calibration learns only from chosen drafts, so one that stopped them stood for good: at 4
+    Qwen-pair clients one step of 32 drafts took it to 0.53 and drafting stayed off for the rest of the
+    cell. Steps that choose no drafts of a kind now age its calibration back towards 1: drafting where
+    it fails is tried again, rarely, and where drafts are accepted again it comes back for good.
+    Here the acceptance model always says 0.9; a draft step costs 0.6 of a target step, so drafting
+    pays at a calibration of 1 and not at 0.5."""
+    ctrl = SpeculationController(K_MAX, FrozenCost(FLAT, draft_cost_ratio=0.6), FrozenAcceptance(K_MAX, 0.9))
+    failing = _calibrated_run(ctrl, 600, 0.0)
+    assert failing and failing[0] == 0
+    retries = [b for a, b in zip(failing, failing[1:], strict=False) if b - a > 1]
+    assert len(retries) >= 2, failing  # tried again after a spell without drafts
+    assert len(failing) <= 0.1 * 600  # and rarely: each retry's rejection takes the factor down again
+    assert ctrl.gain_calibration[False].factor < 0.75
+    recovering = _calibrated_run(ctrl, 300, 1.0)
+    assert recovering and recovering[0] < 100
+    assert len([s for s in recovering if s >= 200]) >= 95  # drafting on for good once drafts are accepted
+
+
 def test_probes_and_static_caps_do_not_teach_the_gain_calibration():
     ctrl = SpeculationController(K_MAX, FrozenCost(FLAT), FrozenAcceptance(K_MAX, 0.9))
     for _ in range(50):

@@ -865,6 +865,21 @@ def test_a_gain_calibration_that_stopped_drafting_forgets_and_drafting_is_tried_
     assert len([s for s in recovering if s >= 200]) >= 95  # drafting on for good once drafts are accepted
 
 
+def test_only_the_costly_kinds_calibration_ages_while_nothing_is_chosen():
+    """Lookups keep teaching their acceptance from previews while undrafted, and a low calibration is
+    the caution that keeps break-even drafting from costing: theirs does not age."""
+    for free in (False, True):
+        ctrl = SpeculationController(K_MAX, FrozenCost(STEEP), FrozenAcceptance(K_MAX, 0.9))
+        ctrl.gain_calibration[free].observe(10.0, 0)  # a step whose drafts all failed
+        low = ctrl.gain_calibration[free].factor
+        for _ in range(100):  # a steep cost: nothing is drafted
+            d = ctrl.choose(
+                [Candidate("a", 4, free=free, hint=1)], num_sequences=1, base_tokens=1, token_budget=2048
+            )
+            assert not any(d.k.values()) or d.probed
+        assert (ctrl.gain_calibration[free].factor > 0.85) is (not free), (free, low)
+
+
 def test_probes_and_static_caps_do_not_teach_the_gain_calibration():
     ctrl = SpeculationController(K_MAX, FrozenCost(FLAT), FrozenAcceptance(K_MAX, 0.9))
     for _ in range(50):

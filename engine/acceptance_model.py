@@ -31,15 +31,16 @@ GLOBAL_DECAY = 0.995
 # MIN_GAIN_CALIBRATION. Kept apart for free proposals (lookups, whose previews are judged without
 # drafting) and the proposals a model drafts.
 GAIN_CALIBRATION_DECAY = 0.97
-# And a step that weighs proposals of a kind and chooses none of them forgets as much as a verification
-# does (GainCalibration.age), so the factor drifts back to 1 while nothing updates it. Without it, one
+# And a step that weighs costly proposals (a draft model's) and chooses none of them forgets as much as
+# a verification does (GainCalibration.age; SpeculationController._age_unchosen says why lookups'
+# calibration does not), so the factor drifts back to 1 while nothing updates it. Without it, one
 # bad drafting step could stop drafting for good: at 4 Qwen-pair clients (AMD EPYC, in-process) four
 # requests whose first windows were all accepted were given 8 drafts each, far fewer of the 32 were
 # accepted than expected, the factor fell to 0.53 in that one step, the best plan fell to 0.82-0.89 of
-# the bar (1.6-1.7 before), and drafting stayed off for the rest of the cell. Served beside a static K=1 arm, the adaptive
-# cells drafted in 3-38 of 158-213 steps (the step log's calibration 0.67-0.88), where cells of a run
-# without that arm drafted in 75-93 of 114-143; with the ageing, 67-97 of 115-138 (adaptive 1.11x of
-# off where it was 1.02x; docs/bench/issue20-s49).
+# the bar (1.6-1.7 before), and drafting stayed off for the rest of the cell. Served beside a static
+# K=1 arm, the adaptive cells drafted in 3-38 of 158-213 steps (the step log's calibration 0.67-0.88),
+# where cells of a run without that arm drafted in 75-93 of 114-143; with the ageing, 67-97 of 115-138
+# (adaptive 1.11x of off where it was 1.02x; docs/bench/issue20-s49).
 GAIN_PRIOR_TOKENS = 4.0
 MIN_GAIN_CALIBRATION = 0.5
 

@@ -119,6 +119,28 @@ def test_zero_acceptance_turns_drafting_off_then_probes():
     assert gaps[0] >= FIRST_PROBE_INTERVAL and gaps == sorted(gaps)
 
 
+def test_a_request_whose_first_windows_fail_drafts_again_without_a_probe():
+    """The Qwen pair's translation-3 at batch 1: the draft misses the answer's first tokens and gets
+    most later ones, while other requests' drafts are accepted. Its first windows fail and drafting
+    stops; probes are rationed (PROBE_BUDGET), and it stalled for the rest of its answer in 3 of 5
+    policy benches (s45-s48). The rejected windows were the controller's own choice, so they took the
+    costly gain calibration down with the request's estimate; the calibration now ages while nothing
+    is chosen (GainCalibration.age), and the optimiser drafts for the request again within a few steps."""
+    ctrl = controller([(1, 0.080), (9, 0.084), (16, 0.140)], draft_ratio=0.1)
+    teach(ctrl, "other", 0.8)  # every other request's drafts: accepted 0.8 of the time
+    ks = []
+    while not ks or ks[-1]:  # the first windows: each draft rejected
+        ks.append(choose_one(ctrl))
+        if ks[-1]:
+            ctrl.observe_verification("a", ks[-1], 0)
+    assert len(ks) <= 6, ks
+    later = []  # the optimiser's own drafts (a probe's is not)
+    for _ in range(12):
+        d = ctrl.choose([Candidate("a", K_MAX)], num_sequences=1, base_tokens=1, token_budget=2048)
+        later.append(0 if d.probed else d.k["a"])
+    assert any(later), later
+
+
 def test_content_change_switches_drafting_back_on():
     ctrl = controller(INT4_TILES)
     for _ in range(10):

@@ -125,7 +125,9 @@ def test_a_request_whose_first_windows_fail_drafts_again_without_a_probe():
     stops; probes are rationed (PROBE_BUDGET), and it stalled for the rest of its answer in 3 of 5
     policy benches (s45-s48). The rejected windows were the controller's own choice, so they took the
     costly gain calibration down with the request's estimate; the calibration now ages while nothing
-    is chosen (GainCalibration.age), and the optimiser drafts for the request again within a few steps."""
+    is chosen (GainCalibration.age), so after two rejected windows, as here, the optimiser drafts for
+    the request again within a few steps. After four (7, 4, 2 and 1 drafts, s49's run at 7b844ef) the
+    request's own estimate is too low for that, and it stalled again: only a probe brings it back."""
     ctrl = controller([(1, 0.080), (9, 0.084), (16, 0.140)], draft_ratio=0.1)
     teach(ctrl, "other", 0.8)  # every other request's drafts: accepted 0.8 of the time
     ks = []

@@ -247,9 +247,6 @@ class SpeculationController:
         start = time.perf_counter()
         decision, headroom = self._decide(candidates, num_sequences, base_tokens, token_budget)
         took = time.perf_counter() - start
-        decision.headroom = headroom
-        decision.required_gain = self.required_gain(num_sequences)
-        decision.gain_factor = self._gain_factors()[0]
         self._decide_seconds = (
             took
             if self._decide_seconds is None
@@ -324,10 +321,10 @@ class SpeculationController:
         self._probe_savings = savings
         promise = Promise(float(num_sequences), seconds)
         k = {c.request_id: 0 for c in candidates}
-        self._age_unchosen(candidates, set())
+        self._age_unchosen(candidates, costly_chosen=False)
         return Decision(k, promise.predicted_tokens(self._gain_factors()), seconds, promise, quiet=True)
 
-    def _age_unchosen(self, candidates: Sequence[Candidate], chosen_kinds: set[bool]) -> None:
+    def _age_unchosen(self, candidates: Sequence[Candidate], costly_chosen: bool) -> None:
         """Costly proposals (a draft model's) that adaptive requests had this step, none of them
         chosen: their gain calibration forgets a step's worth (GainCalibration.age). Free ones
         (lookups) are left alone: their previews keep teaching their acceptance while undrafted, and
@@ -336,7 +333,7 @@ class SpeculationController:
         0.951 / 0.982 of off's at 4 clients and 0.964 / 0.980 at 8, against 0.987 / 0.982 in a run
         without it back to back with the second (s47: 0.979-0.990 / 0.984): not shown to cost, not
         shown not to (docs/bench/issue20-s49)."""
-        if False in chosen_kinds:
+        if costly_chosen:
             return
         if any(c.cap > 0 and not c.static and not c.free for c in candidates):
             self.gain_calibration[False].age()
@@ -481,7 +478,8 @@ class SpeculationController:
         # that has seen none of them) never started drafting together. So a second plan takes them
         # all back in, less each one whose charge it is no worse without (dearest per token left
         # first, one pass), and the better plan is drafted.
-        bar = no_adaptive_drafts * self.required_gain(num_sequences)
+        required_gain = self.required_gain(num_sequences)
+        bar = no_adaptive_drafts * required_gain
         own: dict[str, list[tuple[float, int, str]]] = {}  # request id -> its slots, in order
         for sl in slots:
             own.setdefault(sl[2], []).append(sl)
@@ -539,7 +537,7 @@ class SpeculationController:
             chosen[rid] = max(chosen.get(rid, 0), j + 1)
         k.update(chosen)
         self._chosen = {rid: (rates[rid], rid in free) for rid in chosen}
-        self._age_unchosen(candidates, {rid in free for rid in chosen})
+        self._age_unchosen(candidates, costly_chosen=any(rid not in free for rid in chosen))
 
         # A probe only refreshes an estimate, so it is worth its price only where some estimate could
         # make the optimiser draft for its request: if the plan drafted would not take the request's
@@ -586,7 +584,22 @@ class SpeculationController:
         promise = Promise(unscaled, seconds, (drafted[0], drafted[1]))
         static = any(c.static and k[c.request_id] > 0 for c in candidates)
         predicted = promise.predicted_tokens(factors)
-        return Decision(k, predicted, seconds, promise, probed, free, setup, static), headroom
+        # The bar and calibration this decision used: read after it, the step's ageing
+        # (_age_unchosen) would have moved both by a decay.
+        decision = Decision(
+            k,
+            predicted,
+            seconds,
+            promise,
+            probed,
+            free,
+            setup,
+            static,
+            headroom=headroom,
+            required_gain=required_gain,
+            gain_factor=factors[0],
+        )
+        return decision, headroom
 
     def _catch_up(self, c: Candidate, num_sequences: int) -> _CatchUp:
         tokens_left: float = max(1, c.tokens_left or 1)

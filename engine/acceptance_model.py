@@ -42,6 +42,18 @@ GAIN_CALIBRATION_DECAY = 0.97
 # where cells of a run without that arm drafted in 75-93 of 114-143; with the ageing, 67-97 of 115-138
 # (adaptive 1.11x of off where it was 1.02x; docs/bench/issue20-s49).
 GAIN_PRIOR_TOKENS = 4.0
+# Per step in which a request's proposal is not judged (not drafted, not previewed), its own counts
+# fade by this factor while its estimate is below its class's global rate (AcceptanceModel.relax).
+# A low estimate censors itself: it stops the drafts whose verifications could raise it, and probes
+# are rationed (PROBE_BUDGET, a catch-up in each probe's price). At batch 1 the Qwen pair's
+# translation-3, whose draft misses the answer's first tokens and agrees with most later ones, had its
+# first windows (7, 4, 2, 1 drafts) rejected, then drafted in none of the next 43 steps (0.94x of off
+# against static K=6's 1.74x) in 4 of 7 policy benches (s44-s49b). A high estimate does not censor
+# itself (a request drafted is verified) and is not faded: s48's fade, both ways, also took good
+# requests towards the global rate in every step without drafts, and with it the 4-client Qwen-pair
+# cells ran about twice as many plain steps (why was not established; docs/bench/issue20-s48).
+# 0.9: four rejected windows' counts come to where the global rate rules in ~17 steps.
+RELAX_DECAY = 0.9
 MIN_GAIN_CALIBRATION = 0.5
 
 
@@ -54,12 +66,15 @@ class _Counts:
     def zeros(cls, n: int) -> _Counts:
         return cls([0.0] * n, [0.0] * n)
 
+    def fade(self, factor: float) -> None:
+        for j in range(len(self.hits)):
+            self.hits[j] *= factor
+            self.trials[j] *= factor
+
     def observe(self, num_drafts: int, num_accepted: int, decay: float) -> None:
         """Drafts 0..num_accepted-1 were accepted; draft num_accepted (if proposed) was rejected;
         later ones were never judged."""
-        for j in range(len(self.hits)):
-            self.hits[j] *= decay
-            self.trials[j] *= decay
+        self.fade(decay)
         for j in range(min(num_accepted + 1, num_drafts, len(self.hits))):
             self.trials[j] += 1.0
             if j < num_accepted:
@@ -120,6 +135,19 @@ class AcceptanceModel:
         self._global.setdefault(hint, _Counts.zeros(self.k_max)).observe(
             num_drafts, num_accepted, GLOBAL_DECAY
         )
+
+    def relax(self, request_id: str, hint: int | None, factor: float) -> None:
+        """A step that did not judge the request's proposal of class `hint`: if its own estimate is
+        below the class's global rate, its counts fade by `factor`, so the estimate drifts up towards
+        that rate (and stops there: fading only moves the pooled rate towards its prior). An estimate
+        above it is left: see RELAX_DECAY."""
+        own = self._requests.get(request_id, {}).get(hint)
+        if own is None:
+            return
+        prior = self.global_rate(hint)
+        pooled = (sum(own.hits) + PRIOR_WEIGHT * prior) / (sum(own.trials) + PRIOR_WEIGHT)
+        if pooled < prior:
+            own.fade(factor)
 
     def has_observations(self, request_id: str) -> bool:
         return request_id in self._requests

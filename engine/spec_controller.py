@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .acceptance_model import AcceptanceModel, GainCalibration, expected_tokens
+from .acceptance_model import RELAX_DECAY, AcceptanceModel, GainCalibration, expected_tokens
 from .catch_up_payback import CatchUpPayback
 from .step_cost_model import SETUP_MIN_TOKENS, Promise, StepCostModel, batch_bucket
 
@@ -322,7 +322,17 @@ class SpeculationController:
         promise = Promise(float(num_sequences), seconds)
         k = {c.request_id: 0 for c in candidates}
         self._age_unchosen(candidates, costly_chosen=False)
+        self._relax_unjudged(candidates, k)
         return Decision(k, promise.predicted_tokens(self._gain_factors()), seconds, promise, quiet=True)
+
+    def _relax_unjudged(self, candidates: Sequence[Candidate], k: dict[str, int]) -> None:
+        """A request's costly proposal that this step neither drafts nor judges from a preview
+        (_Shadow): an estimate of it below its class's global rate drifts up (RELAX_DECAY). Lookups
+        are judged from their previews whenever they have a proposal."""
+        for c in candidates:
+            unjudged = c.cap > 0 and not k.get(c.request_id) and c.request_id not in self._previewed
+            if unjudged and not (c.static or c.free):
+                self.acceptance.relax(c.request_id, c.hint, RELAX_DECAY)
 
     def _age_unchosen(self, candidates: Sequence[Candidate], costly_chosen: bool) -> None:
         """Costly proposals (a draft model's) that adaptive requests had this step, none of them
@@ -565,6 +575,7 @@ class SpeculationController:
             return answers[key]
 
         probed = [] if refresh else self._probe(candidates, k, num_sequences, base_tokens, free, could_pay)
+        self._relax_unjudged(candidates, k)
         for c in candidates:  # probes' catch-ups too: drafting may go on after them, for free
             caught_up = c.setup_tokens >= SETUP_MIN_TOKENS and c.request_id not in free
             if caught_up and k[c.request_id] > 0 and not c.static:

@@ -97,7 +97,11 @@ def test_full_acceptance_and_flat_cost_drafts_the_cap():
 
 
 def test_zero_acceptance_turns_drafting_off_then_probes():
-    ctrl = controller(INT4_TILES)
+    # Draft steps cost a tenth of a target step: with free ones (draft_ratio 0) one draft at the
+    # global rate (every verification so far rejected, ~0.05) would pay for its row, and the
+    # request's estimate, lifted towards that rate while undrafted (AcceptanceModel.relax), would
+    # be drafted by the optimiser between the probes.
+    ctrl = controller(INT4_TILES, draft_ratio=0.1)
     ks = []
     for _ in range(6):  # acceptance 0 from the start: a few verifications teach it
         k = choose_one(ctrl)
@@ -119,32 +123,67 @@ def test_zero_acceptance_turns_drafting_off_then_probes():
     assert gaps[0] >= FIRST_PROBE_INTERVAL and gaps == sorted(gaps)
 
 
-def test_a_request_whose_first_windows_fail_drafts_again_without_a_probe():
-    """The Qwen pair's translation-3 at batch 1: the draft misses the answer's first tokens and gets
-    most later ones, while other requests' drafts are accepted. Its first windows fail and drafting
-    stops; probes are rationed (PROBE_BUDGET), and it stalled for the rest of its answer in 3 of 5
-    policy benches (s45-s48). The rejected windows were the controller's own choice, so they took the
-    costly gain calibration down with the request's estimate; the calibration now ages while nothing
-    is chosen (GainCalibration.age), so after two rejected windows, as here, the optimiser drafts for
-    the request again within a few steps. After four (7, 4, 2 and 1 drafts, s49's run at 7b844ef) the
-    request's own estimate is too low for that, and it stalled again: only a probe brings it back."""
-    ctrl = controller([(1, 0.080), (9, 0.084), (16, 0.140)], draft_ratio=0.1)
-    teach(ctrl, "other", 0.8)  # every other request's drafts: accepted 0.8 of the time
-    ks = []
-    while not ks or ks[-1]:  # the first windows: each draft rejected
+def _fail_first_windows(ctrl: SpeculationController, windows: int) -> list[int]:
+    """Request "a" decodes alone and its first `windows` drafting steps' drafts are all rejected: the
+    k of every step until then, and of the step after the last (0 when drafting stopped)."""
+    ks: list[int] = []
+    while sum(1 for k in ks if k) < windows:
         ks.append(choose_one(ctrl))
         if ks[-1]:
             ctrl.observe_verification("a", ks[-1], 0)
-    assert len(ks) <= 6, ks
-    later = []  # the optimiser's own drafts (a probe's is not)
-    for _ in range(12):
+        assert len(ks) < 40, ks  # it must stop drafting at some point
+    return ks
+
+
+def _optimiser_drafts(ctrl: SpeculationController, steps: int) -> list[int]:
+    """The next `steps` steps' drafts for request "a" that the optimiser chose (a probe's count as 0),
+    nothing verified."""
+    later = []
+    for _ in range(steps):
         d = ctrl.choose([Candidate("a", K_MAX)], num_sequences=1, base_tokens=1, token_budget=2048)
         later.append(0 if d.probed else d.k["a"])
+    return later
+
+
+def test_a_request_whose_first_windows_fail_drafts_again_without_a_probe():
+    """The Qwen pair's translation-3 at batch 1: the draft misses the answer's first tokens and gets
+    most later ones, while other requests' drafts are accepted. Its first windows fail and drafting
+    stops; probes are rationed (PROBE_BUDGET), and it stalled for the rest of its answer in 4 of 7
+    policy benches (s44-s49b). After two rejected windows the costly gain calibration's ageing
+    (GainCalibration.age) is enough for the optimiser to draft again; after four (7, 4, 2 and 1
+    drafts in s49b's stall) the request's own estimate is too low for that, and it drifts up towards
+    every request's rate while it is not drafted (AcceptanceModel.relax)."""
+    ctrl = controller([(1, 0.080), (9, 0.084), (16, 0.140)], draft_ratio=0.1)
+    teach(ctrl, "other", 0.8)  # every other request's drafts: accepted 0.8 of the time
+    _fail_first_windows(ctrl, 4)
+    later = _optimiser_drafts(ctrl, 30)
     assert any(later), later
 
 
+def test_a_low_estimate_drifts_up_to_the_global_rate_and_no_further():
+    """Unjudged steps lift a request's estimate below its class's global rate towards it, never above
+    it; an estimate above the global rate is left as it is (a drafted request is verified, so a high
+    estimate does not censor itself)."""
+    ctrl = controller(STEEP, draft_ratio=0.1)  # nothing pays: no step drafts
+    teach(ctrl, "other", 0.6)
+    for _ in range(4):
+        ctrl.observe_verification("low", 4, 0)
+    teach(ctrl, "high", 1.0, rounds=6)
+    glob = ctrl.acceptance.global_rate()
+    low_before, high_before = ctrl.acceptance.rates("low"), ctrl.acceptance.rates("high")
+    assert max(low_before) < glob < min(high_before[:4])
+    for _ in range(60):
+        d = ctrl.choose([Candidate("low", K_MAX), Candidate("high", K_MAX)], 2, 2, 2048)
+        assert not any(d.k.values())  # no drafts, no probes: nothing is verified
+    low_after, high_after = ctrl.acceptance.rates("low"), ctrl.acceptance.rates("high")
+    assert ctrl.acceptance.global_rate() == glob
+    assert all(b < a <= glob + 1e-9 for a, b in zip(low_after, low_before, strict=True))
+    assert min(low_after) > 0.95 * glob
+    assert high_after == high_before
+
+
 def test_content_change_switches_drafting_back_on():
-    ctrl = controller(INT4_TILES)
+    ctrl = controller(INT4_TILES, draft_ratio=0.1)  # why a draft step costs: see the test above
     for _ in range(10):
         if k := choose_one(ctrl):
             ctrl.observe_verification("a", k, 0)

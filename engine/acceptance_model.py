@@ -4,7 +4,9 @@
 drafts 0..j-1 were. Counts decay, so a change of content (a copy-heavy section starts) shows within
 a few verifications; a new request starts from every request's recent statistics. The expected
 tokens one verification emits with k drafts is 1 + sum_{m<=k} prod_{j<=m} a_j (`expected_tokens`).
-`GainCalibration`: what the controller's chosen drafts delivered against that expectation.
+A request's estimate below its class's global rate drifts back up to it while its proposals go
+unjudged (`AcceptanceModel.relax`): a low estimate would otherwise stop the very drafts that could
+raise it. `GainCalibration`: what the controller's chosen drafts delivered against that expectation.
 
 Pure Python (no torch): the scheduler's controller uses it.
 """
@@ -42,19 +44,20 @@ GAIN_CALIBRATION_DECAY = 0.97
 # where cells of a run without that arm drafted in 75-93 of 114-143; with the ageing, 67-97 of 115-138
 # (adaptive 1.11x of off where it was 1.02x; docs/bench/issue20-s49).
 GAIN_PRIOR_TOKENS = 4.0
+MIN_GAIN_CALIBRATION = 0.5
 # Per step in which a request's proposal is not judged (not drafted, not previewed), its own counts
 # fade by this factor while its estimate is below its class's global rate (AcceptanceModel.relax).
 # A low estimate censors itself: it stops the drafts whose verifications could raise it, and probes
 # are rationed (PROBE_BUDGET, a catch-up in each probe's price). At batch 1 the Qwen pair's
 # translation-3, whose draft misses the answer's first tokens and agrees with most later ones, had its
 # first windows (7, 4, 2, 1 drafts) rejected, then drafted in none of the next 43 steps (0.94x of off
-# against static K=6's 1.74x) in 4 of 7 policy benches (s44-s49b). A high estimate does not censor
+# against static K=6's 1.74x in s49b; alike in 4 of the 7 policy benches s44-s49b without s48's
+# fade, docs/bench/issue20-s50). A high estimate does not censor
 # itself (a request drafted is verified) and is not faded: s48's fade, both ways, also took good
 # requests towards the global rate in every step without drafts, and with it the 4-client Qwen-pair
 # cells ran about twice as many plain steps (why was not established; docs/bench/issue20-s48).
-# 0.9: four rejected windows' counts come to where the global rate rules in ~17 steps.
+# 0.9 halves the counts in ~7 steps, well inside the 43 that request had left.
 RELAX_DECAY = 0.9
-MIN_GAIN_CALIBRATION = 0.5
 
 
 @dataclass
@@ -79,6 +82,12 @@ class _Counts:
             self.trials[j] += 1.0
             if j < num_accepted:
                 self.hits[j] += 1.0
+
+
+def _pooled(own: _Counts, prior: float) -> float:
+    """A request's acceptance over all the positions it was judged at, with `prior` (its class's
+    global rate) worth PRIOR_WEIGHT observations."""
+    return (sum(own.hits) + PRIOR_WEIGHT * prior) / (sum(own.trials) + PRIOR_WEIGHT)
 
 
 class AcceptanceModel:
@@ -121,7 +130,7 @@ class AcceptanceModel:
         own = self._requests.get(request_id, {}).get(hint)
         if own is None:
             return [prior] * self.k_max
-        pooled = (sum(own.hits) + PRIOR_WEIGHT * prior) / (sum(own.trials) + PRIOR_WEIGHT)
+        pooled = _pooled(own, prior)
         return [
             (h + POSITION_WEIGHT * pooled) / (t + POSITION_WEIGHT)
             for h, t in zip(own.hits, own.trials, strict=True)
@@ -145,8 +154,7 @@ class AcceptanceModel:
         if own is None:
             return
         prior = self.global_rate(hint)
-        pooled = (sum(own.hits) + PRIOR_WEIGHT * prior) / (sum(own.trials) + PRIOR_WEIGHT)
-        if pooled < prior:
+        if _pooled(own, prior) < prior:
             own.fade(factor)
 
     def has_observations(self, request_id: str) -> bool:

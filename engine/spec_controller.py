@@ -11,7 +11,8 @@ its own module:
   step time (goodput) under the token budget. k = 0 for a request, or the whole batch, when drafting
   does not pay. A request that is not drafting keeps learning: when its proposer previews the tokens
   it would draft (n-gram lookup), they are judged against the tokens the request emits next, which is
-  what verifying them would have found (`_Shadow`), at no cost. Otherwise it is probed with one draft
+  what verifying them would have found (`_Shadow`), at no cost. Otherwise its estimate, where below
+  every request's, drifts back up to it (`AcceptanceModel.relax`), and it is probed with one draft
   now and then (the interval doubles while probes fail), so a change of content switches it back on.
   Probes are paid from a budget: PROBE_BUDGET of the server's step time, so that when speculation
   never pays, probing it costs at most that share (a probe's price is the extra verification row plus

@@ -125,13 +125,13 @@ def test_zero_acceptance_turns_drafting_off_then_probes():
 
 def _fail_first_windows(ctrl: SpeculationController, windows: int) -> list[int]:
     """Request "a" decodes alone and its first `windows` drafting steps' drafts are all rejected: the
-    k of every step until then, and of the step after the last (0 when drafting stopped)."""
+    k of every step up to the last of those windows."""
     ks: list[int] = []
     while sum(1 for k in ks if k) < windows:
         ks.append(choose_one(ctrl))
         if ks[-1]:
             ctrl.observe_verification("a", ks[-1], 0)
-        assert len(ks) < 40, ks  # it must stop drafting at some point
+        assert len(ks) < 40, ks  # the windows come within a few steps, probes aside
     return ks
 
 
@@ -157,7 +157,8 @@ def test_a_request_whose_first_windows_fail_drafts_again_without_a_probe():
     teach(ctrl, "other", 0.8)  # every other request's drafts: accepted 0.8 of the time
     _fail_first_windows(ctrl, 4)
     later = _optimiser_drafts(ctrl, 30)
-    assert any(later), later
+    assert later[0] == 0, later  # drafting stopped after the fourth rejected window
+    assert any(later), later  # and the optimiser itself starts it again
 
 
 def test_a_low_estimate_drifts_up_to_the_global_rate_and_no_further():
@@ -183,7 +184,7 @@ def test_a_low_estimate_drifts_up_to_the_global_rate_and_no_further():
 
 
 def test_content_change_switches_drafting_back_on():
-    ctrl = controller(INT4_TILES, draft_ratio=0.1)  # why a draft step costs: see the test above
+    ctrl = controller(INT4_TILES, draft_ratio=0.1)  # why drafts cost: test_zero_acceptance_turns_...
     for _ in range(10):
         if k := choose_one(ctrl):
             ctrl.observe_verification("a", k, 0)

@@ -52,10 +52,10 @@ MIN_GAIN_CALIBRATION = 0.5
 # translation-3, whose draft misses the answer's first tokens and agrees with most later ones, had its
 # first windows (7, 4, 2, 1 drafts) rejected, then drafted in none of the next 43 steps (0.94x of off
 # against static K=6's 1.74x in s49b; alike in 4 of the 7 policy benches s44-s49b without s48's
-# fade, docs/bench/issue20-s50). A high estimate does not censor
-# itself (a request drafted is verified) and is not faded: s48's fade, both ways, also took good
-# requests towards the global rate in every step without drafts, and with it the 4-client Qwen-pair
-# cells ran about twice as many plain steps (why was not established; docs/bench/issue20-s48).
+# fade, docs/bench/issue20-s50). A high estimate does not censor itself (a request drafted is
+# verified) and is not faded: s48's fade, both ways, also took good requests towards the global rate
+# in every step without drafts, and with it the 4-client Qwen-pair cells ran about twice as many
+# plain steps (why was not established; docs/bench/issue20-s48).
 # 0.9 halves the counts in ~7 steps, well inside the 43 that request had left.
 RELAX_DECAY = 0.9
 

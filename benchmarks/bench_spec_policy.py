@@ -4,7 +4,9 @@ One engine; each arm is a per-request setting on it: speculation off, static K f
 (k = K every step), and adaptive (the controller's k). Arms are interleaved and rotated per round. Per
 category the best static K is the oracle (known only after the sweep); the report gives adaptive / oracle
 and adaptive / static K=5, the controller's mean k, and the cost model's predicted vs measured forward
-time (its fitted curve against the measured steps, plotted).
+time (its fitted curve against the measured steps, plotted). Each adaptive run keeps its steps'
+decisions (`steps`: drafts, probe, emitted, quiet, and the controller's headroom, bar and gain
+calibration), so a slow round can be read step by step.
 
 The oracle is the best of the sweep's arms on the same runs it is compared on, so each arm's noise is
 in its favour: the largest of eight noisy figures. With --repeats 2 or more the report also gives
@@ -22,6 +24,8 @@ import sys
 import time
 from collections import Counter
 from typing import Any
+
+from specserve.engine.stats import StepRecord
 
 from . import stats as st
 from .common import fmt, md_table, progress
@@ -129,6 +133,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                         "acceptance_rate": s.acceptance_rate if s.num_draft_tokens else None,
                         "k_histogram": {str(k): n for k, n in Counter(events.chosen_k).items()},
                         "forward_costs": events.forward_costs if arm.name == "adaptive" else [],
+                        "steps": [_decision(s) for s in events.steps] if arm.name == "adaptive" else [],
                     }
                 )
                 bar.update(1)
@@ -141,6 +146,25 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     )
     report["results"] = results
     return report
+
+
+def _decision(step: StepRecord) -> dict[str, Any]:
+    """One adaptive step as the controller saw it: what it drafted and emitted, and its reasons."""
+
+    def rounded(x: float | None) -> float | None:
+        return None if x is None else round(x, 4)
+
+    return {
+        "draft_tokens": step.draft_tokens,
+        "probe": step.probes > 0,
+        "setup_tokens": step.setup_tokens,
+        "emitted": step.emitted_tokens,
+        "quiet": step.quiet,
+        "headroom": rounded(step.headroom),
+        "required_gain": rounded(step.required_gain),
+        "gain_factor": rounded(step.gain_factor),
+        "seconds": rounded(step.step_seconds),
+    }
 
 
 def _speeds(rows: list[dict[str, Any]], arm: str) -> dict[Any, float]:

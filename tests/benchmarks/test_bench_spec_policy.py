@@ -27,6 +27,12 @@ def test_policy_bench_reports_oracle_and_adaptive(tiny_llama_dir, tmp_path):
     assert all(set(r["k_histogram"]) <= {"5", "4", "3", "2", "1", "0"} for r in static)
     assert sum(int(n) for r in static for n in r["k_histogram"].values()) > 0
     assert report["cost_curve"] and report["summary"]["adaptive_k_histogram"]
+    adaptive = [r for r in report["results"] if r["arm"] == "adaptive"]
+    for r in adaptive:  # each adaptive run keeps its steps: every decode step the k histogram counts
+        decode_steps = sum(r["k_histogram"].values())
+        assert len(r["steps"]) >= decode_steps > 0
+        assert sum(s["draft_tokens"] for s in r["steps"]) == round(r["mean_k"] * decode_steps)
+    assert all(r["steps"] == [] for r in report["results"] if r["arm"] != "adaptive")
     assert "adaptive / oracle" in (out / "spec_policy.md").read_text()
     assert report["summary"]["adaptive_vs_heldout_oracle_mean"] is None  # one repeat: nothing held out
     assert (out / "spec_policy.png").read_bytes()[:4] == b"\x89PNG"

@@ -5,8 +5,8 @@ One engine; each arm is a per-request setting on it: speculation off, static K f
 category the best static K is the oracle (known only after the sweep); the report gives adaptive / oracle
 and adaptive / static K=5, the controller's mean k, and the cost model's predicted vs measured forward
 time (its fitted curve against the measured steps, plotted). Each adaptive run keeps its steps'
-decisions (`steps`: drafts, probe, emitted, quiet, and the controller's headroom, bar and gain
-calibration), so a slow round can be read step by step.
+decisions (`steps`: drafts, probe, emitted, quiet, the controller's headroom, bar and gain
+calibration, and the tokens and seconds it predicted), so a slow round can be read step by step.
 
 The oracle is the best of the sweep's arms on the same runs it is compared on, so each arm's noise is
 in its favour: the largest of eight noisy figures. With --repeats 2 or more the report also gives
@@ -164,6 +164,9 @@ def _decision(step: StepRecord) -> dict[str, Any]:
         "required_gain": rounded(step.required_gain),
         "gain_factor": rounded(step.gain_factor),
         "seconds": rounded(step.step_seconds),
+        # What the controller expected of the step it chose (None where it did not decide).
+        "predicted_tokens": rounded(step.predicted_tokens),
+        "predicted_seconds": rounded(step.predicted_seconds),
     }
 
 

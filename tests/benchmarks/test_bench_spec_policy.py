@@ -32,6 +32,8 @@ def test_policy_bench_reports_oracle_and_adaptive(tiny_llama_dir, tmp_path):
         decode_steps = sum(r["k_histogram"].values())
         assert len(r["steps"]) >= decode_steps > 0
         assert sum(s["draft_tokens"] for s in r["steps"]) == round(r["mean_k"] * decode_steps)
+        weighed = [s for s in r["steps"] if s["headroom"] is not None]
+        assert weighed and all(s["predicted_tokens"] >= 1 and s["predicted_seconds"] > 0 for s in weighed)
     assert all(r["steps"] == [] for r in report["results"] if r["arm"] != "adaptive")
     assert "adaptive / oracle" in (out / "spec_policy.md").read_text()
     assert report["summary"]["adaptive_vs_heldout_oracle_mean"] is None  # one repeat: nothing held out

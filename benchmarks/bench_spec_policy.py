@@ -133,7 +133,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                         "acceptance_rate": s.acceptance_rate if s.num_draft_tokens else None,
                         "k_histogram": {str(k): n for k, n in Counter(events.chosen_k).items()},
                         "forward_costs": events.forward_costs if arm.name == "adaptive" else [],
-                        "steps": [_decision(s) for s in events.steps] if arm.name == "adaptive" else [],
+                        "steps": [_decision(step) for step in events.steps] if arm.name == "adaptive" else [],
                     }
                 )
                 bar.update(1)

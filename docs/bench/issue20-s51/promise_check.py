@@ -14,6 +14,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+# The engine's own line between a catch-up and a proposal's first forward on what the last step accepted.
+from specserve.engine.step_cost_model import SETUP_MIN_TOKENS
+
 
 def main() -> None:
     report = json.loads(Path(sys.argv[1]).read_text())
@@ -25,7 +28,7 @@ def main() -> None:
             continue
         for s in r["steps"]:
             # Decode steps the controller weighed; a catch-up step's seconds include the draft's prompt.
-            if s["headroom"] is None or s["probe"] or s["setup_tokens"] > 8:
+            if s["headroom"] is None or s["probe"] or s["setup_tokens"] >= SETUP_MIN_TOKENS:
                 continue
             for key, table in ((r["category"], by_category), (s["draft_tokens"], by_k)):
                 row = table[key]

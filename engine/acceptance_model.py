@@ -31,7 +31,12 @@ GLOBAL_DECAY = 0.995
 # 96 where it expected 110. The expected tokens of every adaptive slot are scaled by that ratio, never
 # above 1 (a model that is too cautious is left alone: drafting must never cost) nor below
 # MIN_GAIN_CALIBRATION. Kept apart for free proposals (lookups, whose previews are judged without
-# drafting) and the proposals a model drafts.
+# drafting) and the proposals a model drafts. A window counts as much as its request's estimate
+# rested on the request's own counts (AcceptanceModel.own_share): the curse is chance in those counts,
+# and a young request's estimate is the global rate, whose shortfall its own counts learn at once.
+# Counted in full, a young request's rejections were counted twice: at batch 1 the Qwen pair's
+# translation-3 had its first two windows rejected, the calibration fell 0.91 -> 0.855 on them, and
+# its plans sat at 0.95-0.999 of the bar for 7-8 of its 22-23 steps (docs/bench/issue20-s51).
 GAIN_CALIBRATION_DECAY = 0.97
 # And a step that weighs costly proposals (a draft model's) and chooses none of them forgets as much as
 # a verification does (GainCalibration.age; SpeculationController._age_unchosen says why lookups'
@@ -157,6 +162,15 @@ class AcceptanceModel:
         if _pooled(own, prior) < prior:
             own.fade(factor)
 
+    def own_share(self, request_id: str, hint: int | None = None) -> float:
+        """How much of the request's pooled estimate for class `hint` is its own counts rather than
+        the global prior: its trials over trials + PRIOR_WEIGHT (0 for a request never judged)."""
+        own = self._requests.get(request_id, {}).get(hint)
+        if own is None:
+            return 0.0
+        trials = sum(own.trials)
+        return trials / (trials + PRIOR_WEIGHT)
+
     def has_observations(self, request_id: str) -> bool:
         return request_id in self._requests
 
@@ -171,10 +185,12 @@ class GainCalibration:
     expected: float = 0.0
     accepted: float = 0.0
 
-    def observe(self, expected: float, accepted: int) -> None:
+    def observe(self, expected: float, accepted: int, weight: float = 1.0) -> None:
+        """One verification of chosen drafts: `expected` accepted drafts were predicted, `accepted`
+        were; worth `weight` of a verification (AcceptanceModel.own_share says why less)."""
         self.age()
-        self.expected += max(0.0, expected)
-        self.accepted += max(0, accepted)
+        self.expected += weight * max(0.0, expected)
+        self.accepted += weight * max(0, accepted)
 
     def age(self) -> None:
         """One step's (or verification's) worth of forgetting: the factor drifts towards 1."""

@@ -227,7 +227,7 @@ class SpeculationController:
         # What chosen drafts delivered against their expectation (GainCalibration), for costly
         # proposals (False) and free ones (True); and this step's chosen requests' rates to judge.
         self.gain_calibration = {False: GainCalibration(), True: GainCalibration()}
-        self._chosen: dict[str, tuple[list[float], bool]] = {}
+        self._chosen: dict[str, tuple[list[float], bool, float]] = {}  # rates, free, own share
         self.payback = CatchUpPayback()
         self._load: float | None = None  # recent batch size (LOAD_ALPHA)
         self.quiet_share = quiet_share
@@ -547,7 +547,10 @@ class SpeculationController:
         for _, j, rid in order[:best_n]:
             chosen[rid] = max(chosen.get(rid, 0), j + 1)
         k.update(chosen)
-        self._chosen = {rid: (rates[rid], rid in free) for rid in chosen}
+        self._chosen = {
+            rid: (rates[rid], rid in free, self.acceptance.own_share(rid, self._hints.get(rid)))
+            for rid in chosen
+        }
         self._age_unchosen(candidates, costly_chosen=any(rid not in free for rid in chosen))
 
         # A probe only refreshes an estimate, so it is worth its price only where some estimate could
@@ -751,8 +754,10 @@ class SpeculationController:
         if num_drafts > 0:
             self.payback.drafted(request_id, len(emitted) if emitted else num_accepted + 1)
             if chosen is not None:  # the controller's own choice (not a probe, not a static cap)
-                rates, free = chosen
-                self.gain_calibration[free].observe(expected_tokens(rates, num_drafts) - 1.0, num_accepted)
+                rates, free, share = chosen
+                self.gain_calibration[free].observe(
+                    expected_tokens(rates, num_drafts) - 1.0, num_accepted, share
+                )
             self.acceptance.observe(request_id, num_drafts, num_accepted, hint)
         elif previewed:
             self._shadows.setdefault(request_id, []).append(_Shadow(hint, previewed))

@@ -161,6 +161,33 @@ def test_a_request_whose_first_windows_fail_drafts_again_without_a_probe():
     assert any(later), later  # and the optimiser itself starts it again
 
 
+def test_a_young_requests_rejected_windows_teach_its_estimate_not_the_gain_calibration():
+    """At batch 1 the Qwen pair's translation-3 had its first two windows (4 and 2 drafts) rejected.
+    Its own estimate learned from them, and so did the gain calibration (0.91 -> 0.855), which scales
+    every estimate: the same rejections counted twice, and its plans sat at 0.95-0.999 of the bar for
+    7-8 of its 22-23 steps, where static K=6 ran 1.15-1.2x faster (docs/bench/issue20-s51). A window
+    now teaches the calibration as much as the request's estimate rested on its own counts
+    (AcceptanceModel.own_share): nothing for a request never judged, whose estimate is the global
+    rate, and a seasoned request's window nearly in full (the winner's curse the calibration is for)."""
+    ctrl = controller([(1, 0.080), (9, 0.084), (16, 0.140)], draft_ratio=0.1)
+    teach(ctrl, "other", 0.8)
+    assert ctrl.acceptance.own_share("a") == 0.0
+    first = _fail_first_windows(ctrl, 1)
+    assert ctrl.gain_calibration[False].factor == 1.0  # the first window taught only its own estimate
+    _fail_first_windows(ctrl, 1)
+    young = ctrl.gain_calibration[False].factor
+    assert 0.9 < young < 1.0
+    decision = ctrl.choose([Candidate("a", K_MAX)], 1, 1, 2048)
+    assert decision.k["a"] > 0 and "a" not in decision.probed, first  # the optimiser drafts again
+
+    seasoned = controller([(1, 0.080), (9, 0.084), (16, 0.140)], draft_ratio=0.1)
+    teach(seasoned, "other", 0.8)
+    teach(seasoned, "a", 0.8)
+    assert seasoned.acceptance.own_share("a") > 0.7
+    _fail_first_windows(seasoned, 1)
+    assert seasoned.gain_calibration[False].factor < young
+
+
 def test_a_low_estimate_drifts_up_to_the_global_rate_and_no_further():
     """Unjudged steps lift a request's estimate below its class's global rate towards it, never above
     it; an estimate above the global rate is left as it is (a drafted request is verified, so a high
@@ -840,6 +867,9 @@ class FrozenAcceptance(AcceptanceModel):
 
     def rates(self, request_id, prior=None, hint=None):
         return [self.rate] * self.k_max
+
+    def own_share(self, request_id, hint=None):
+        return 1.0  # no count of its own corrects the estimate: the gain calibration learns in full
 
 
 def test_gain_calibration_is_accepted_over_expected_drafts_never_above_one():

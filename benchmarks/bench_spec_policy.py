@@ -156,6 +156,7 @@ def _decision(step: StepRecord) -> dict[str, Any]:
 
     return {
         "draft_tokens": step.draft_tokens,
+        "window_tokens": step.window_tokens,  # the k it allowed: more where windows ended unsure
         "probe": step.probes > 0,
         "setup_tokens": step.setup_tokens,
         "emitted": step.emitted_tokens,

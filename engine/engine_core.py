@@ -29,7 +29,7 @@ from .runner import forward_sequences, padded_num_slots
 from .sampler import compute_logprobs
 from .sampling_params import InvalidParameterError, SamplingParams
 from .scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput
-from .spec_controller import Preview, SpeculationController
+from .spec_controller import Decision, Preview, SpeculationController
 from .stats import EngineSnapshot, EngineStats, RequestTiming, StepRecord
 from .step_batch import Draft, RequestState, VerificationWindow, WindowBatch
 from .step_cost_model import DraftCostProfile, StepCostModel
@@ -229,7 +229,7 @@ class EngineCore:
                 s.request.first_scheduled_time = now
         self._record_k(sched.scheduled)
         draft_start = time.perf_counter()
-        drafts = self._propose(sched.scheduled)
+        drafts = self._propose(sched.scheduled, sched.speculation)
         draft_seconds = time.perf_counter() - draft_start
         all_hidden = self.proposer is not None and self.proposer.needs_all_hidden_states
         batch = WindowBatch.build(sched.scheduled, self._states, drafts, all_hidden)
@@ -263,12 +263,23 @@ class EngineCore:
         setup = decision.setup_tokens if decision is not None else 0  # catch-up tokens proposers fed
         num_seqs, num_tokens = len(batch.sequences), sum(len(q.token_ids) for q in batch.sequences)
         prefill_tokens = sum(s.num_new_tokens for s in sched.scheduled if s.num_new_tokens > 1)
+        drafted = {w.state.request.request_id: len(w.draft.token_ids) for w in batch.windows}
+        # A window its proposer ended early (Decision.stop_below) took the draft steps it drafted.
+        stop_below = decision.stop_below if decision is not None else {}
+        window = {
+            s.request.request_id: (
+                min(s.num_speculative_tokens, drafted.get(s.request.request_id, 0))
+                if s.request.request_id in stop_below
+                else s.num_speculative_tokens
+            )
+            for s in sched.scheduled
+        }
         record = StepRecord(
             num_sequences=num_seqs,
             num_tokens=num_tokens,
             prefill_tokens=prefill_tokens,
             drafting=sum(1 for s in sched.scheduled if s.num_speculative_tokens > 0),
-            draft_tokens=sum(s.num_speculative_tokens for s in sched.scheduled),
+            draft_tokens=sum(window.values()),
             probes=len(decision.probed) if decision is not None else 0,
             setup_tokens=setup,
             emitted_tokens=sum(len(e) for e in emitted if e is not None),
@@ -281,6 +292,7 @@ class EngineCore:
             headroom=decision.headroom if decision is not None else None,
             required_gain=decision.required_gain if decision is not None else None,
             gain_factor=decision.gain_factor if decision is not None else None,
+            window_tokens=sum(s.num_speculative_tokens for s in sched.scheduled),
         )
         self.stats.events.steps.append(record)
         if self.step_log is not None:
@@ -294,7 +306,7 @@ class EngineCore:
         drafting = [
             s for s in sched.scheduled if s.num_speculative_tokens > 0 and s.request.request_id not in free
         ]
-        draft_steps = max((s.num_speculative_tokens for s in drafting), default=0)
+        draft_steps = max((window[s.request.request_id] for s in drafting), default=0)
         # Priced before this step teaches the model. The step that ran, not the one the controller
         # weighed: that one had no requests admitted after its choice (their prefill chunks).
         predicted = cost.target_seconds(num_seqs, num_tokens, prefill_tokens)
@@ -346,10 +358,11 @@ class EngineCore:
             for req in preempted:
                 self.proposer.on_preempted(req)
 
-    def _propose(self, scheduled: list[ScheduledRequest]) -> dict[str, Draft]:
+    def _propose(self, scheduled: list[ScheduledRequest], decision: Decision | None) -> dict[str, Draft]:
         """Drafts per request id, validated; requests that get none are absent."""
         if self.proposer is None:
             return {}
+        stop_below = decision.stop_below if decision is not None else {}
         with_hidden = self.proposer.needs_hidden_states
         forced: dict[str, Draft] = {}  # windows the grammar fills on its own: no proposer call
         batch = []
@@ -367,6 +380,7 @@ class EngineCore:
                     s.num_speculative_tokens,
                     state.last_hidden if with_hidden else None,
                     state.random,
+                    stop_below.get(s.request.request_id, 0.0),
                 )
             )
         drafts = self._proposer_drafts(batch)
@@ -426,10 +440,11 @@ class EngineCore:
             or not isinstance(seen.hint, int)
             or not isinstance(seen.free, bool)
             or not isinstance(seen.setup_tokens, int)
+            or not isinstance(seen.stops_unsure, bool)
         ):
             self._reject_proposal(
                 f"preview {seen!r} is not a Preview(max_drafts: int, hint: int, drafts, free: bool,"
-                " setup_tokens: int)"
+                " setup_tokens: int, stops_unsure: bool)"
             )
             return None
         return seen

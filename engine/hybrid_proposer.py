@@ -88,7 +88,7 @@ class HybridProposer(Proposer):
                 hint = index * HINT_STRIDE + (seen.hint if seen is not None else 0)
                 if seen is None:
                     return Preview(drafts, hint)
-                return Preview(drafts, hint, seen.drafts, seen.free, seen.setup_tokens)
+                return Preview(drafts, hint, seen.drafts, seen.free, seen.setup_tokens, seen.stops_unsure)
         return Preview(0, 0)
 
     def propose(self, batch: list[ProposalRequest]) -> Proposals:

@@ -66,6 +66,10 @@ class ProposalRequest:
     # seed drafts the same tokens however the engine batches or windows the request. The engine
     # always sets it.
     random: RequestRandom | None = None
+    # For a proposer whose previews say it stops where unsure (Preview.stops_unsure): end the window
+    # after the first draft at which the product of the draft probabilities of its drafts so far is
+    # below this (0: draft all num_speculative_tokens). Set by the speculation controller.
+    stop_below: float = 0.0
 
 
 @dataclass

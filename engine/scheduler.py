@@ -121,6 +121,7 @@ class Scheduler:
             seen.free,
             max(0, seen.setup_tokens),
             request.max_new_tokens_left(self.config.max_length),
+            seen.stops_unsure,
         )
 
     def _speculation_plan(self, out: SchedulerOutput) -> dict[str, int]:

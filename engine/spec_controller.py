@@ -92,6 +92,7 @@ class Candidate:
     free: bool = False  # drafting it costs no model work (a lookup): no draft steps priced
     setup_tokens: int = 0  # tokens the proposer feeds before its first draft (Preview.setup_tokens)
     tokens_left: int | None = None  # output tokens the request may still emit (None: unknown)
+    stops_unsure: bool = False  # its proposer can end a window where its chain turns unsure (Preview)
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,11 @@ class Preview:
     # pair's requests drafted now and then, and each time their draft caught up on hundreds of tokens
     # for one or two drafts, in a step that held every other request too (ITL p99 4-11 s vs 0.4-8 s).
     setup_tokens: int = 0
+    # The proposer ends a window after the first draft at which the chance that every draft so far
+    # is accepted, by its own probabilities, falls below the threshold the controller gives it
+    # (ProposalRequest.stop_below): a draft model knows where it is unsure, the controller's
+    # per-position estimate does not (see Decision.stop_below).
+    stops_unsure: bool = False
 
 
 @dataclass
@@ -138,6 +144,11 @@ class Decision:
     headroom: float | None = None
     required_gain: float | None = None
     gain_factor: float | None = None
+    # Requests whose proposer ends their window where its own chain turns unsure (Preview.stops_unsure):
+    # request id -> the chain probability below which the next draft costs more than it is expected
+    # to earn (the plan's goodput x one more draft's price). Their k is raised to their cap: the
+    # proposer, not the per-position estimate, decides where the window ends.
+    stop_below: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -614,7 +625,46 @@ class SpeculationController:
             required_gain=required_gain,
             gain_factor=factors[0],
         )
+        self._let_unsure_chains_end(decision, candidates, chosen, num_sequences, offset, budget)
         return decision, headroom
+
+    def _let_unsure_chains_end(
+        self,
+        decision: Decision,
+        candidates: Sequence[Candidate],
+        chosen: dict[str, int],
+        num_sequences: int,
+        offset: float,
+        budget: int,
+    ) -> None:
+        """Chosen costly windows whose proposer ends them where its chain turns unsure: each gets the
+        threshold, and its k raised to its cap within the token budget. One more draft of chain
+        probability p is worth drafting where p > its price x the plan's goodput (tokens a second):
+        (tokens + p) / (seconds + price) > tokens / seconds. The price is what one more draft step
+        and row add to the step as decided. The plan was weighed by every request's estimate per
+        position; the proposer knows, draft by draft, what that estimate averages over. At batch 1
+        on the Qwen pair's traces (s44's simulation), windows drafted to the cap that end below a
+        chain probability of 0.2 ran 1.04x the best static K, where the estimate's k ran 0.98x
+        (docs/bench/issue20-s52)."""
+        unsure = [
+            c for c in candidates if c.stops_unsure and c.request_id in chosen and not c.free and not c.static
+        ]
+        if not unsure or decision.predicted_seconds <= 0:
+            return
+        k, free = decision.k, decision.free
+        costly = [v for rid, v in k.items() if v > 0 and rid not in free]
+        tokens, steps = sum(k.values()), max(costly, default=0)
+        pricer = self.cost.step_pricer(num_sequences)
+        now = pricer(num_sequences + tokens, len(costly), steps) + offset
+        price = pricer(num_sequences + tokens + 1, len(costly), steps + 1) + offset - now
+        threshold = min(1.0, max(0.0, price) * decision.predicted_tokens / decision.predicted_seconds)
+        room = max(0, budget - tokens)
+        for c in unsure:
+            rid = c.request_id
+            extra = min(room, max(0, min(c.cap, self.k_max) - k[rid]))
+            k[rid] += extra
+            room -= extra
+            decision.stop_below[rid] = threshold
 
     def _catch_up(self, c: Candidate, num_sequences: int) -> _CatchUp:
         tokens_left: float = max(1, c.tokens_left or 1)

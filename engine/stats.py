@@ -126,6 +126,9 @@ class StepRecord:
     headroom: float | None = None
     required_gain: float | None = None
     gain_factor: float | None = None
+    # Drafts the step's windows allowed (the k it scheduled): more than draft_tokens where a proposer
+    # ended windows early (Decision.stop_below) or had fewer to give.
+    window_tokens: int = 0
 
 
 @dataclass

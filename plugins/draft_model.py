@@ -78,7 +78,7 @@ class DraftModelProposer(Proposer):
         """A model cannot tell its proposal for free, but it can tell what it must first feed: the
         tokens of the request its KV does not hold yet (the prompt, the first time)."""
         missing = request.num_tokens - self._num_cached.get(request.request_id, 0)
-        return Preview(max_drafts, 0, setup_tokens=max(0, missing))
+        return Preview(max_drafts, 0, setup_tokens=max(0, missing), stops_unsure=True)
 
     def on_accepted(self, request: Request, num_accepted: int) -> None:
         # Draft KV past the target's verified length holds rejected drafts: mark it stale.
@@ -99,6 +99,10 @@ class DraftModelProposer(Proposer):
         # Cached lengths after this proposal; stored only once every forward succeeded, so a failure
         # midway leaves the previous (still true) counts.
         num_cached = [self._num_cached.get(b.request.request_id, 0) for b in batch]
+        # Per request the draft's own probability that every draft so far is accepted (the product
+        # of its probabilities of its drafts): a window ends after the draft that takes it below
+        # the request's stop_below (Preview.stops_unsure).
+        chain = [1.0] * len(batch)
         step = 0
         while active:
             seqs = []
@@ -115,11 +119,13 @@ class DraftModelProposer(Proposer):
             with torch.inference_mode():
                 logits = self.model.compute_logits(hidden).cpu()[:, : self.target_vocab]  # [B, V]
             argmax, row_probs = draft_choices(logits, [batch[i].request.params for i in active])
+            confidence = _greedy_confidence(logits, [batch[i].stop_below > 0 for i in active], row_probs)
             for row, i in enumerate(active):
                 item = batch[i]
                 dist = row_probs[row]
                 if dist is None:  # greedy
                     token = argmax[row]
+                    sure = confidence[row]
                 else:
                     # Keyed by the output position this draft is for, so the same seed drafts the
                     # same token whatever the window or batch looks like.
@@ -127,16 +133,39 @@ class DraftModelProposer(Proposer):
                         dist, len(item.request.output_token_ids) + step, Purpose.DRAFT
                     )
                     probs[i].append(dist)
+                    sure = float(dist[token]) if item.stop_below > 0 else None
+                if sure is not None:
+                    chain[i] *= sure
                 drafts[i].append(token)
                 num_cached[i] = item.request.num_tokens + step
             step += 1
-            active = [i for i in active if len(drafts[i]) < batch[i].num_speculative_tokens]
+            active = [
+                i
+                for i in active
+                if len(drafts[i]) < batch[i].num_speculative_tokens and chain[i] >= batch[i].stop_below
+            ]
         for item, n in zip(batch, num_cached, strict=True):
             self._num_cached[item.request.request_id] = n
         return Proposals(
             token_ids=drafts,
             probs=[torch.stack(p) if p else None for p in probs],
         )
+
+
+def _greedy_confidence(
+    logits: torch.Tensor, wanted: list[bool], row_probs: list[torch.Tensor | None]
+) -> list[float | None]:
+    """[B, V] logits -> per row the draft's probability of its argmax, for the greedy rows `wanted`
+    (None elsewhere: a sampled row reads its own distribution, and rows without a stop need none).
+    One logsumexp over the wanted rows, not a softmax over the vocabulary per row."""
+    rows = [r for r, w in enumerate(wanted) if w and row_probs[r] is None]
+    out: list[float | None] = [None] * len(wanted)
+    if rows:
+        picked = logits[torch.tensor(rows, dtype=torch.long)].float()  # [R, V]
+        top = picked.max(dim=-1).values - torch.logsumexp(picked, dim=-1)  # [R] log p(argmax)
+        for r, value in zip(rows, top.exp().tolist(), strict=True):
+            out[r] = value
+    return out
 
 
 def _stream(item: ProposalRequest) -> RequestRandom:

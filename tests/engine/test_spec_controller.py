@@ -2011,3 +2011,64 @@ def test_an_adaptive_draft_model_records_what_its_catch_ups_were_paid_back_with(
     drafted = sum(s.emitted_tokens for s in steps[first:] if s.drafting > 0)
     assert drafted > 0 and not any(s.setup_tokens >= SETUP_MIN_TOKENS for s in steps[first + 1 :])
     assert llm.engine.controller.payback.horizon(1) == drafted
+
+
+def _unsure(rid: str = "a", cap: int = K_MAX, **kwargs) -> Candidate:
+    return Candidate(rid, cap, stops_unsure=True, **kwargs)
+
+
+def test_a_window_that_ends_where_unsure_gets_its_cap_and_the_break_even_chain_probability():
+    """A draft model ends a window where its own chain turns unsure (Preview.stops_unsure), so the
+    controller raises k to the cap and tells it where to stop: one more draft of chain probability p
+    pays where p > its price x the step's goodput (the plan's predicted tokens a second)."""
+    plain = SpeculationController(K_MAX, FrozenCost(HALF, draft_cost_ratio=0.1))
+    unsure = SpeculationController(K_MAX, FrozenCost(HALF, draft_cost_ratio=0.1))
+    for ctrl in (plain, unsure):
+        teach(ctrl, "a", 0.7)
+    weighed = plain.choose([Candidate("a", K_MAX)], 1, 1, 2048)
+    assert 0 < weighed.k["a"] < K_MAX and weighed.stop_below == {}
+    decision = unsure.choose([_unsure()], 1, 1, 2048)
+    assert decision.k["a"] == K_MAX
+    # The plan is the one weighed: the same prediction, the k raised on top of it.
+    assert decision.predicted_tokens == pytest.approx(weighed.predicted_tokens)
+    k = weighed.k["a"]
+    price = unsure.cost.step_seconds(1, 2 + k, 1, k + 1) - unsure.cost.step_seconds(1, 1 + k, 1, k)
+    goodput = decision.predicted_tokens / decision.predicted_seconds
+    assert decision.stop_below["a"] == pytest.approx(price * goodput)
+    assert 0 < decision.stop_below["a"] < 1
+    # A dearer draft makes the chain stop sooner.
+    dear = SpeculationController(K_MAX, FrozenCost(HALF, draft_cost_ratio=0.3))
+    teach(dear, "a", 0.7)
+    dearer = dear.choose([_unsure()], 1, 1, 2048)
+    assert dearer.k["a"] > 0 and dearer.stop_below["a"] > decision.stop_below["a"]
+
+
+def test_raised_windows_keep_to_the_token_budget_and_caps():
+    ctrl = SpeculationController(K_MAX, FrozenCost(FLAT, draft_cost_ratio=0.1))
+    for rid in ("a", "b"):
+        teach(ctrl, rid, 0.7)
+    decision = ctrl.choose([_unsure("a", cap=3), _unsure("b")], 2, 2, token_budget=6)
+    assert decision.k["a"] <= 3 and sum(decision.k.values()) <= 6
+    assert set(decision.stop_below) == {rid for rid, k in decision.k.items() if k > 0}
+
+
+def test_only_the_optimisers_costly_choices_end_where_unsure():
+    """Probes keep their one draft, static requests their cap, and free lookups (nothing to be unsure
+    of) their k: none gets a stop."""
+    ctrl = SpeculationController(K_MAX, FrozenCost(FLAT, draft_cost_ratio=0.1))
+    teach(ctrl, "f", 0.7)
+    free = ctrl.choose([_unsure("f", free=True, hint=1)], 1, 1, 2048)
+    static = ctrl.choose([_unsure("s", cap=3, static=True)], 1, 1, 2048)
+    assert static.k["s"] == 3 and static.stop_below == {} and free.stop_below == {}
+    zero = controller(INT4_TILES, draft_ratio=0.1)
+    for _ in range(6):  # acceptance 0: drafting stops, then probes
+        k = zero.choose([_unsure()], 1, 1, 2048).k["a"]
+        if k:
+            zero.observe_verification("a", k, 0)
+    probes = []
+    for _ in range(200):
+        d = zero.choose([_unsure()], 1, 1, 2048)
+        if d.k["a"]:
+            zero.observe_verification("a", 1, 0)  # the draft ends unsure after its first token
+            probes += [d] if d.probed else []
+    assert probes and all(d.k["a"] == 1 and d.stop_below == {} for d in probes)

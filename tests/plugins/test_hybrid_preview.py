@@ -40,13 +40,18 @@ def test_preview_plans_the_proposer_and_propose_keeps_to_it(tiny_llama_dir, tiny
     assert out.token_ids == [[9, 5]] and out.probs == [None]
 
     unmatched = _request([1, 2, 3, 4], "unmatched")
-    # The draft model, its one class; it first feeds the tokens it has not seen.
-    assert hybrid.preview(unmatched, 4) == Preview(4, 1 * HINT_STRIDE, setup_tokens=unmatched.num_tokens)
+    # The draft model, its one class; it first feeds the tokens it has not seen, and ends a window
+    # where its chain turns unsure.
+    assert hybrid.preview(unmatched, 4) == Preview(
+        4, 1 * HINT_STRIDE, setup_tokens=unmatched.num_tokens, stops_unsure=True
+    )
 
     # Two n-gram drafts are worth less than the draft model's 4 at equal rates: the draft model is
     # planned although there is a match; once the draft model's own rate is low, the match is.
     weak = _request([7, 8, 7], "weak")
-    assert hybrid.preview(weak, 4) == Preview(4, 1 * HINT_STRIDE, setup_tokens=weak.num_tokens)
+    assert hybrid.preview(weak, 4) == Preview(
+        4, 1 * HINT_STRIDE, setup_tokens=weak.num_tokens, stops_unsure=True
+    )
     hybrid._requests["weak"].rates[1] = 0.1
     # n-gram (index 0): "7" matched, "8 7" follow
     assert hybrid.preview(weak, 4) == Preview(2, 1, (8, 7), free=True)

@@ -171,6 +171,8 @@ def test_sampled_sequences_follow_target_distribution(
     assert spec.engine.stats.spec.num_draft_tokens > 0
     assert 0 < spec.engine.stats.spec.acceptance_rate < 1  # real rejections happened
     _check_k_varied(spec, policy)
+    if policy == "adaptive" and "draft_model" in method:  # sampled drafts end where their chain is unsure
+        assert any(s.draft_tokens < s.window_tokens for s in spec.engine.stats.events.steps)
     # First tokens: a sharper check on a small space; whole 5-token sequences: the joint law.
     assert _chi_square_p_value([s[:1] for s in a], [s[:1] for s in b]) > 0.001
     assert _chi_square_p_value([s[:2] for s in a], [s[:2] for s in b]) > 0.001
@@ -222,3 +224,21 @@ def test_stops_and_logprobs_inside_accepted_windows(tiny_llama_dir, tiny_draft_d
             b = spec.generate([prompts[i]], params, use_chat_template=False)[0]
             assert b.text == a.text == text[: text.index(stop)]
     assert spec.engine.stats.spec.num_accepted_tokens > 0
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram,draft_model"])
+def test_windows_that_end_where_the_draft_is_unsure_equal_plain(
+    tiny_llama_dir, prompts, plain, method, request
+):
+    """The adaptive controller raises a draft model's k to the cap and the draft ends each window
+    after the draft at which its own chain probability falls below the controller's break-even
+    (Decision.stop_below): greedy output still equals plain, token for token, with windows of every
+    length."""
+    kwargs = _method_kwargs(method, request, "tiny_close_draft_dir")
+    llm = _build("adaptive", tiny_llama_dir, num_speculative_tokens=6, **kwargs)
+    outs = llm.generate(prompts, GREEDY, use_chat_template=False)
+    assert [o.token_ids for o in outs] == plain
+    steps = [s for s in llm.engine.stats.events.steps if s.window_tokens]
+    assert any(s.draft_tokens < s.window_tokens for s in steps), "no window ended unsure"
+    assert any(s.draft_tokens == s.window_tokens for s in steps), "every window ended unsure"
+    assert all(s.draft_tokens <= s.window_tokens for s in steps)

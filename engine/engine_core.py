@@ -227,10 +227,10 @@ class EngineCore:
         for s in sched.scheduled:
             if s.request.first_scheduled_time is None:
                 s.request.first_scheduled_time = now
-        self._record_k(sched.scheduled)
         draft_start = time.perf_counter()
         drafts = self._propose(sched.scheduled, sched.speculation)
         draft_seconds = time.perf_counter() - draft_start
+        self._record_k(sched.scheduled, drafts, sched.speculation)
         all_hidden = self.proposer is not None and self.proposer.needs_all_hidden_states
         batch = WindowBatch.build(sched.scheduled, self._states, drafts, all_hidden)
         try:
@@ -342,15 +342,24 @@ class EngineCore:
         spec.measured_step_seconds += step_seconds
         spec.measured_tokens += controlled_tokens
 
-    def _record_k(self, scheduled: list[ScheduledRequest]) -> None:
-        """The k each decoding request got this step (per request for usage, per step for the histogram)."""
+    def _record_k(
+        self, scheduled: list[ScheduledRequest], drafts: dict[str, Draft], decision: Decision | None
+    ) -> None:
+        """The k each decoding request got this step (per request for usage, per step for the
+        histogram): the drafts of a window its proposer ended where unsure (Decision.stop_below),
+        not the cap it was allowed."""
         if self.proposer is None:
             return
+        stop_below = decision.stop_below if decision is not None else {}
         for s in scheduled:
             if s.request.in_decode:
-                s.request.spec.record_k(s.num_speculative_tokens)
-                self.stats.spec.record_k(s.num_speculative_tokens)
-                self.stats.events.chosen_k.append(s.num_speculative_tokens)
+                k = s.num_speculative_tokens
+                rid = s.request.request_id
+                if rid in stop_below:
+                    k = min(k, len(drafts[rid].token_ids) if rid in drafts else 0)
+                s.request.spec.record_k(k)
+                self.stats.spec.record_k(k)
+                self.stats.events.chosen_k.append(k)
 
     def _on_preempted(self, preempted: list[Request]) -> None:
         self.stats.num_preemptions += len(preempted)

@@ -639,32 +639,35 @@ class SpeculationController:
     ) -> None:
         """Chosen costly windows whose proposer ends them where its chain turns unsure: each gets the
         threshold, and its k raised to its cap within the token budget. One more draft of chain
-        probability p is worth drafting where p > its price x the plan's goodput (tokens a second):
-        (tokens + p) / (seconds + price) > tokens / seconds. The price is what one more draft step
-        and row add to the step as decided. The plan was weighed by every request's estimate per
-        position; the proposer knows, draft by draft, what that estimate averages over. At batch 1
-        on the Qwen pair's traces (s44's simulation), windows drafted to the cap that end below a
-        chain probability of 0.2 ran 1.04x the best static K, where the estimate's k ran 0.98x
-        (docs/bench/issue20-s52)."""
+        probability p is worth drafting where p > its price x the step's goodput (tokens a second):
+        (tokens + p) / (seconds + price) > tokens / seconds. The price is a draft's in a window of
+        the cap at this batch size (drafts 2..cap: the first one's own forward is paid either way);
+        the goodput is plain decode's, the floor a drafting step must beat. Not the plan's own: its
+        estimate learns from windows that ended where the draft was sure, so it rose with the stop,
+        and with it the threshold: at batch 1 on the Qwen pair the plans went to k = 8 promising
+        ~9 tokens, the threshold to a median 0.70, and math and code windows ended at 5 drafts
+        where static K = 7-8 emitted ~7 (0.88x / 0.92x of it; docs/bench/issue20-s52). On s44's
+        traces windows to the cap ending below a fixed chain probability of 0.1-0.3 ran
+        1.02-1.04x the best static K, where the estimate's k ran 0.98x."""
         unsure = [
             c for c in candidates if c.stops_unsure and c.request_id in chosen and not c.free and not c.static
         ]
-        if not unsure or decision.predicted_seconds <= 0:
+        if not unsure:
             return
-        k, free = decision.k, decision.free
-        costly = [v for rid, v in k.items() if v > 0 and rid not in free]
-        tokens, steps = sum(k.values()), max(costly, default=0)
+        k = decision.k
         pricer = self.cost.step_pricer(num_sequences)
-        now = pricer(num_sequences + tokens, len(costly), steps) + offset
-        price = pricer(num_sequences + tokens + 1, len(costly), steps + 1) + offset - now
-        threshold = min(1.0, max(0.0, price) * decision.predicted_tokens / decision.predicted_seconds)
-        room = max(0, budget - tokens)
+        plain = pricer(num_sequences, 0, 0) + offset
+        room = max(0, budget - sum(k.values()))
         for c in unsure:
-            rid = c.request_id
-            extra = min(room, max(0, min(c.cap, self.k_max) - k[rid]))
+            rid, cap = c.request_id, min(c.cap, self.k_max)
+            extra = min(room, max(0, cap - k[rid]))
             k[rid] += extra
             room -= extra
-            decision.stop_below[rid] = threshold
+            window = max(k[rid], 2)
+            price = (pricer(num_sequences + window, 1, window) - pricer(num_sequences + 1, 1, 1)) / (
+                window - 1
+            )
+            decision.stop_below[rid] = min(1.0, max(0.0, price) * len(candidates) / max(plain, 1e-9))
 
     def _catch_up(self, c: Candidate, num_sequences: int) -> _CatchUp:
         tokens_left: float = max(1, c.tokens_left or 1)

@@ -31,7 +31,7 @@ def test_policy_bench_reports_oracle_and_adaptive(tiny_llama_dir, tmp_path):
     for r in adaptive:  # each adaptive run keeps its steps: every decode step the k histogram counts
         decode_steps = sum(r["k_histogram"].values())
         assert len(r["steps"]) >= decode_steps > 0
-        assert sum(s["window_tokens"] for s in r["steps"]) == round(r["mean_k"] * decode_steps)
+        assert sum(s["draft_tokens"] for s in r["steps"]) == round(r["mean_k"] * decode_steps)
         assert all(0 <= s["draft_tokens"] <= s["window_tokens"] for s in r["steps"])
         weighed = [s for s in r["steps"] if s["headroom"] is not None]
         assert weighed and all(s["predicted_tokens"] >= 1 and s["predicted_seconds"] > 0 for s in weighed)

@@ -2020,7 +2020,7 @@ def _unsure(rid: str = "a", cap: int = K_MAX, **kwargs) -> Candidate:
 def test_a_window_that_ends_where_unsure_gets_its_cap_and_the_break_even_chain_probability():
     """A draft model ends a window where its own chain turns unsure (Preview.stops_unsure), so the
     controller raises k to the cap and tells it where to stop: one more draft of chain probability p
-    pays where p > its price x the step's goodput (the plan's predicted tokens a second)."""
+    pays where p > its price (a draft's in a window of the cap) x plain decode's tokens a second."""
     plain = SpeculationController(K_MAX, FrozenCost(HALF, draft_cost_ratio=0.1))
     unsure = SpeculationController(K_MAX, FrozenCost(HALF, draft_cost_ratio=0.1))
     for ctrl in (plain, unsure):
@@ -2031,16 +2031,21 @@ def test_a_window_that_ends_where_unsure_gets_its_cap_and_the_break_even_chain_p
     assert decision.k["a"] == K_MAX
     # The plan is the one weighed: the same prediction, the k raised on top of it.
     assert decision.predicted_tokens == pytest.approx(weighed.predicted_tokens)
-    k = weighed.k["a"]
-    price = unsure.cost.step_seconds(1, 2 + k, 1, k + 1) - unsure.cost.step_seconds(1, 1 + k, 1, k)
-    goodput = decision.predicted_tokens / decision.predicted_seconds
-    assert decision.stop_below["a"] == pytest.approx(price * goodput)
+    cost = unsure.cost
+    price = (cost.step_seconds(1, 1 + K_MAX, 1, K_MAX) - cost.step_seconds(1, 2, 1, 1)) / (K_MAX - 1)
+    assert decision.stop_below["a"] == pytest.approx(price / cost.step_seconds(1, 1, 0, 0))
     assert 0 < decision.stop_below["a"] < 1
-    # A dearer draft makes the chain stop sooner.
+    # A dearer draft makes the chain stop sooner; so does a batch whose plain steps emit more a second.
     dear = SpeculationController(K_MAX, FrozenCost(HALF, draft_cost_ratio=0.3))
     teach(dear, "a", 0.7)
     dearer = dear.choose([_unsure()], 1, 1, 2048)
     assert dearer.k["a"] > 0 and dearer.stop_below["a"] > decision.stop_below["a"]
+    flat = SpeculationController(K_MAX, FrozenCost(FLAT, draft_cost_ratio=0.1))
+    for rid in "ab":
+        teach(flat, rid, 0.9)
+    one = flat.choose([_unsure("a")], 1, 1, 2048).stop_below["a"]
+    two = flat.choose([_unsure("a"), _unsure("b")], 2, 2, 2048).stop_below
+    assert two["a"] == pytest.approx(2 * one) and two["b"] == two["a"]
 
 
 def test_raised_windows_keep_to_the_token_budget_and_caps():

@@ -228,14 +228,15 @@ SERIES: tuple[Series, ...] = (
         "specserve:spec_decode_num_speculative_tokens",
         "gauge",
         "Mean draft tokens allowed per decoding request in the steps since the last update (the"
-        " controller's k; 0 = no speculation)",
+        " controller's k, or the drafts of a window the draft model ended where unsure; 0 = no"
+        " speculation)",
         _SPEC,
         lambda s: _mean(s.events.chosen_k),
     ),
     Series(
         "specserve:spec_decode_chosen_num_speculative_tokens",
         "histogram",
-        "Draft tokens allowed per decoding request per step (k, 0 included)",
+        "Draft tokens allowed per decoding request per step (k, 0 included; a window ended unsure: its drafts)",
         _SPEC,
         lambda s: s.events.chosen_k,
         buckets=tuple(range(MAX_NUM_SPECULATIVE_TOKENS + 1)),  # one per possible k

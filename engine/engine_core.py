@@ -263,12 +263,12 @@ class EngineCore:
         setup = decision.setup_tokens if decision is not None else 0  # catch-up tokens proposers fed
         num_seqs, num_tokens = len(batch.sequences), sum(len(q.token_ids) for q in batch.sequences)
         prefill_tokens = sum(s.num_new_tokens for s in sched.scheduled if s.num_new_tokens > 1)
-        drafted = {w.state.request.request_id: len(w.draft.token_ids) for w in batch.windows}
+        window_drafts = {w.state.request.request_id: len(w.draft.token_ids) for w in batch.windows}
         # A window its proposer ended early (Decision.stop_below) took the draft steps it drafted.
         stop_below = decision.stop_below if decision is not None else {}
         window = {
             s.request.request_id: (
-                min(s.num_speculative_tokens, drafted.get(s.request.request_id, 0))
+                min(s.num_speculative_tokens, window_drafts.get(s.request.request_id, 0))
                 if s.request.request_id in stop_below
                 else s.num_speculative_tokens
             )

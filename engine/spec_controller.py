@@ -146,8 +146,8 @@ class Decision:
     gain_factor: float | None = None
     # Requests whose proposer ends their window where its own chain turns unsure (Preview.stops_unsure):
     # request id -> the chain probability below which the next draft costs more than it is expected
-    # to earn (the plan's goodput x one more draft's price). Their k is raised to their cap: the
-    # proposer, not the per-position estimate, decides where the window ends.
+    # to earn (a draft's price x plain decode's goodput, _let_unsure_chains_end). Their k is raised to
+    # their cap: the proposer, not the per-position estimate, decides where the window ends.
     stop_below: dict[str, float] = field(default_factory=dict)
 
 

@@ -230,7 +230,8 @@ class EngineCore:
         draft_start = time.perf_counter()
         drafts = self._propose(sched.scheduled, sched.speculation)
         draft_seconds = time.perf_counter() - draft_start
-        self._record_k(sched.scheduled, drafts, sched.speculation)
+        window = self._windows_as_run(sched.scheduled, drafts, sched.speculation)
+        self._record_k(sched.scheduled, window)
         all_hidden = self.proposer is not None and self.proposer.needs_all_hidden_states
         batch = WindowBatch.build(sched.scheduled, self._states, drafts, all_hidden)
         try:
@@ -245,7 +246,7 @@ class EngineCore:
         emitted = self._verify(batch, logits)
         outputs += self._commit(batch, emitted, logits, hidden, all_rows)
         step_seconds = time.perf_counter() - step_start
-        self._observe_step(sched, batch, emitted, draft_seconds, forward_seconds, step_seconds)
+        self._observe_step(sched, batch, emitted, window, draft_seconds, forward_seconds, step_seconds)
         self.stats.bound_events()
         return outputs
 
@@ -254,26 +255,17 @@ class EngineCore:
         sched: SchedulerOutput,
         batch: WindowBatch,
         emitted: list[list[int] | None],
+        window: dict[str, int],
         draft_seconds: float,
         forward_seconds: float,
         step_seconds: float,
     ) -> None:
-        """Feed the controller what this step cost, and record its choice against what happened."""
+        """Feed the controller what this step cost, and record its choice against what happened
+        (`window`: drafts per request as its window ran, `_windows_as_run`)."""
         decision = sched.speculation
         setup = decision.setup_tokens if decision is not None else 0  # catch-up tokens proposers fed
         num_seqs, num_tokens = len(batch.sequences), sum(len(q.token_ids) for q in batch.sequences)
         prefill_tokens = sum(s.num_new_tokens for s in sched.scheduled if s.num_new_tokens > 1)
-        window_drafts = {w.state.request.request_id: len(w.draft.token_ids) for w in batch.windows}
-        # A window its proposer ended early (Decision.stop_below) took the draft steps it drafted.
-        stop_below = decision.stop_below if decision is not None else {}
-        window = {
-            s.request.request_id: (
-                min(s.num_speculative_tokens, window_drafts.get(s.request.request_id, 0))
-                if s.request.request_id in stop_below
-                else s.num_speculative_tokens
-            )
-            for s in sched.scheduled
-        }
         record = StepRecord(
             num_sequences=num_seqs,
             num_tokens=num_tokens,
@@ -342,21 +334,29 @@ class EngineCore:
         spec.measured_step_seconds += step_seconds
         spec.measured_tokens += controlled_tokens
 
-    def _record_k(
-        self, scheduled: list[ScheduledRequest], drafts: dict[str, Draft], decision: Decision | None
-    ) -> None:
+    @staticmethod
+    def _windows_as_run(
+        scheduled: list[ScheduledRequest], drafts: dict[str, Draft], decision: Decision | None
+    ) -> dict[str, int]:
+        """Drafts per scheduled request as its window ran: its k, or the drafts of a window its
+        proposer ended where unsure (Decision.stop_below), which took that many draft steps."""
+        stop_below = decision.stop_below if decision is not None else {}
+        window = {}
+        for s in scheduled:
+            rid, k = s.request.request_id, s.num_speculative_tokens
+            if rid in stop_below:
+                k = min(k, len(drafts[rid].token_ids) if rid in drafts else 0)
+            window[rid] = k
+        return window
+
+    def _record_k(self, scheduled: list[ScheduledRequest], window: dict[str, int]) -> None:
         """The k each decoding request got this step (per request for usage, per step for the
-        histogram): the drafts of a window its proposer ended where unsure (Decision.stop_below),
-        not the cap it was allowed."""
+        histogram): its window as run (`_windows_as_run`)."""
         if self.proposer is None:
             return
-        stop_below = decision.stop_below if decision is not None else {}
         for s in scheduled:
             if s.request.in_decode:
-                k = s.num_speculative_tokens
-                rid = s.request.request_id
-                if rid in stop_below:
-                    k = min(k, len(drafts[rid].token_ids) if rid in drafts else 0)
+                k = window[s.request.request_id]
                 s.request.spec.record_k(k)
                 self.stats.spec.record_k(k)
                 self.stats.events.chosen_k.append(k)
